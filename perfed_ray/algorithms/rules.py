@@ -1,0 +1,115 @@
+"""Local update rules of Per-FedAvg and FedAvg, as pure functions of parameters.
+
+Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with Theoretical
+Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020.
+
+A rule maps the current local iterate ``w`` and three independent batches
+``D, D', D''`` to the direction of one local step, eq. (7):
+``w <- w - beta * direction``. Per-FedAvg's direction is the stochastic
+gradient of the meta-function ``F_i(w) = f_i(w - alpha grad f_i(w))``,
+eq. (8); the FO and HF variants replace its Hessian-vector product as in
+Section 5 and Appendix H. Nothing here knows about users, actors or Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.func import grad, grad_and_value, jvp
+
+Params = dict[str, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepSizes:
+    """alpha: inner (adaptation) step; beta: local step; delta: HF's difference step."""
+
+    alpha: float
+    beta: float
+    delta: float = 1e-3
+
+
+def sgd(params: Params, direction: Params, lr: float) -> Params:
+    """w - lr * direction, leaf by leaf."""
+    return {k: params[k] - lr * direction[k] for k in params}
+
+
+def axpy(params: Params, direction: Params, scale: float) -> Params:
+    """w + scale * direction, leaf by leaf."""
+    return sgd(params, direction, -scale)
+
+
+def adapt(loss: LossFn, params: Params, batch: Batch, alpha: float) -> Params:
+    """One SGD step of size alpha: the personalisation step of evaluation, and w~ of (8)."""
+    return sgd(params, grad(loss)(params, *batch), alpha)
+
+
+Rule = Callable[[LossFn, Params, Batch, Batch, Batch, StepSizes], tuple[Params, torch.Tensor]]
+
+
+def fedavg(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
+           s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """FedAvg: the plain stochastic gradient on D (D' and D'' unused)."""
+    return grad_and_value(loss)(w, *d)
+
+
+def _outer_gradient(loss: LossFn, w: Params, d: Batch, d1: Batch,
+                    s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """g = grad f(w~; D') with w~ = w - alpha grad f(w; D); also f(w; D)."""
+    inner, value = grad_and_value(loss)(w, *d)
+    return grad(loss)(sgd(w, inner, s.alpha), *d1), value
+
+
+def perfedavg_fo(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
+                 s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """Per-FedAvg (FO), Section 5 (i): drop the Hessian term, direction = g."""
+    return _outer_gradient(loss, w, d, d1, s)
+
+
+def perfedavg_hf(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
+                 s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """Per-FedAvg (HF), Section 5 (ii) and Appendix H: g - alpha * d with the
+    central difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta).
+    """
+    g, value = _outer_gradient(loss, w, d, d1, s)
+    plus = grad(loss)(axpy(w, g, s.delta), *d2)
+    minus = grad(loss)(axpy(w, g, -s.delta), *d2)
+    scale = s.alpha / (2 * s.delta)
+    return {k: g[k] - scale * (plus[k] - minus[k]) for k in g}, value
+
+
+def hessian_vector_product(loss: LossFn, w: Params, batch: Batch, v: Params) -> Params:
+    """H(w; batch) v exactly, by forward-over-reverse autodiff."""
+    return jvp(lambda p: grad(loss)(p, *batch), (w,), (v,))[1]
+
+
+def perfedavg(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
+              s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """Per-FedAvg, Algorithm 1 and eq. (8): (I - alpha H(w; D'')) g, Hessian at w."""
+    g, value = _outer_gradient(loss, w, d, d1, s)
+    hv = hessian_vector_product(loss, w, d2, g)
+    return {k: g[k] - s.alpha * hv[k] for k in g}, value
+
+
+RULES: dict[str, Rule] = {
+    "fedavg": fedavg,
+    "perfedavg": perfedavg,
+    "perfedavg-fo": perfedavg_fo,
+    "perfedavg-hf": perfedavg_hf,
+}
+
+
+def local_update(rule: Rule, loss: LossFn, w: Params, batches: list[tuple[Batch, Batch, Batch]],
+                 s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """tau local steps of eq. (7), one per (D, D', D'') triple; returns the final
+    iterate w_{k+1,tau} and the mean training loss f(w; D) over the steps."""
+    losses = []
+    for d, d1, d2 in batches:
+        direction, value = rule(loss, w, d, d1, d2, s)
+        w = sgd(w, direction, s.beta)
+        losses.append(value)
+    return w, torch.stack(losses).mean()

@@ -1,0 +1,133 @@
+"""Reading results back: final personalised accuracy with 95% intervals.
+
+PROTOCOL.md's headline figure is the unweighted mean over users of the
+accuracy after one adaptation step. At the final evaluation each user is
+adapted with several independent batches (draws); the interval here is
+over those draws (a t interval on the per-draw means), which measures the
+noise of the adaptation step, not of training. Intervals across training
+seeds come from :func:`across_seeds`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+CONFIG_KEYS = ["dataset", "partition", "algorithm", "tau", "alpha", "beta", "n_users",
+               "fraction", "rounds"]
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student-t quantile for p in (0.5, 1), by bisection on a numerically integrated CDF."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        t = np.linspace(0.0, x, 4001)
+        pdf = np.exp(log_norm - (df + 1) / 2 * np.log1p(t * t / df))
+        return 0.5 + float(np.sum((pdf[1:] + pdf[:-1]) / 2) * (t[1] - t[0]))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mean_ci95(values: np.ndarray) -> tuple[float, float]:
+    """Mean and half-width of its 95% t interval (0 for a single value)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return float(values.mean()), 0.0
+    half = t_quantile(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean()), float(half)
+
+
+def read_table(out: str | Path, table: str) -> pd.DataFrame:
+    """One results table across every run under `out` (empty if there is none yet)."""
+    folder = Path(out) / table
+    if not folder.is_dir() or not any(folder.glob("run_id=*/*.parquet")):
+        return pd.DataFrame()
+    frame = pd.read_parquet(folder)
+    frame["run_id"] = frame["run_id"].astype(str)
+    return frame
+
+
+def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
+    """Per run: mean personalised accuracy over users at the final evaluation, with
+    its 95% interval over adaptation draws, and the accuracy before adaptation."""
+    final = evals[evals["final"]]
+    rows = []
+    for run_id, frame in final.groupby("run_id", observed=True):
+        per_draw = frame.groupby("draw")["acc_after"].mean().to_numpy()
+        acc, half = mean_ci95(per_draw)
+        first = frame.iloc[0]
+        rows.append({"run_id": run_id, **{k: first[k] for k in CONFIG_KEYS},
+                     "seed": first["seed"], "round": int(frame["round"].max()),
+                     "accuracy": acc, "ci95": half, "draws": len(per_draw),
+                     "acc_before": frame["acc_before"].mean(),
+                     **{f"acc_group_{g}": v for g, v in
+                        frame.groupby("group")["acc_after"].mean().items()}})
+    return pd.DataFrame(rows)
+
+
+def summary(out: str | Path) -> pd.DataFrame:
+    """One row per run: its configuration, status, wall time and final accuracy."""
+    runs = read_table(out, "runs")
+    if runs.empty:
+        return runs
+    cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", "seed", "status",
+            "rounds_done", "rounds", "wall_seconds"]
+    table = runs[cols]
+    evals = read_table(out, "evals")
+    if not evals.empty:
+        acc = final_accuracy(evals)
+        if not acc.empty:
+            table = table.merge(acc[["run_id", "accuracy", "ci95", "draws", "acc_before"]],
+                                on="run_id", how="left")
+    return table.sort_values("run_id").reset_index(drop=True)
+
+
+def across_seeds(final: pd.DataFrame) -> pd.DataFrame:
+    """Mean and 95% interval over training seeds of each configuration's final accuracy."""
+    rows = []
+    for key, frame in final.groupby(CONFIG_KEYS, dropna=False):
+        acc, half = mean_ci95(frame["accuracy"].to_numpy())
+        rows.append({**dict(zip(CONFIG_KEYS, key, strict=True)), "seeds": len(frame),
+                     "accuracy": acc, "ci95": half})
+    return pd.DataFrame(rows)
+
+
+def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
+    """The summary as aligned text (terminal) or a Markdown table, accuracies in %."""
+    shown = pd.DataFrame({
+        "run_id": table["run_id"],
+        "dataset": table["dataset"],
+        "partition": table["partition"],
+        "algorithm": table["algorithm"],
+        "tau": table["tau"],
+        "alpha": table["alpha"],
+        "seed": table["seed"],
+        "status": table["status"],
+        "rounds": [f"{d}/{r}" for d, r in zip(table["rounds_done"], table["rounds"],
+                                               strict=True)],
+        "wall": [f"{w:.0f} s" if pd.notna(w) else "-" for w in table["wall_seconds"]],
+    })
+    if "accuracy" in table:
+        shown["pers. acc (95% CI, draws)"] = [
+            "-" if pd.isna(a) else f"{100 * a:.2f} ± {100 * h:.2f} ({int(d)})"
+            for a, h, d in zip(table["accuracy"], table["ci95"], table["draws"], strict=True)]
+        shown["acc before adapt."] = [
+            "-" if pd.isna(a) else f"{100 * a:.2f}" for a in table["acc_before"]]
+    cells = [[str(c) for c in shown.columns], *shown.astype(str).to_numpy().tolist()]
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in cells]
+        lines.insert(1, "|" + "|".join(" --- " for _ in shown.columns) + "|")
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(shown.columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)

@@ -1,0 +1,248 @@
+"""Run configuration: one flat, validated record of every choice a run makes.
+
+The defaults are the paper's (Fallah et al. 2020, Section 5) and
+`PROTOCOL.md`'s. Every field is stored with every result row, so the
+schema here is also the column contract of the Parquet tables.
+Validation happens before anything expensive starts (data loading, Ray), and
+each problem is reported as a :class:`ConfigError` naming the key and what is
+allowed, so the CLI can exit with status 2 and one clear line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALGORITHMS = ("fedavg", "perfedavg", "perfedavg-fo", "perfedavg-hf")
+DATASETS = ("mnist", "cifar10", "gaussian")
+PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet")
+MODELS = ("mlp", "cnn")
+DATA_TRANSPORTS = ("object_store", "data_root")
+ADAPT_ON = ("train", "test")
+
+
+class ConfigError(ValueError):
+    """A problem with the user's input; the CLI reports it and exits with status 2."""
+
+
+def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
+         low: float | None = None, high: float | None = None, low_open: bool = False,
+         auto: bool = False) -> Any:
+    """A configuration field with the facts its validation and its docs need.
+
+    `auto` fields accept the word ``auto`` (stored as ``None``): the value is
+    then chosen at run time from the data set or the cluster.
+    """
+    meta = {"help": help, "choices": choices, "low": low, "high": high,
+            "low_open": low_open, "auto": auto}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every configuration value of one run (flat, so it maps to YAML and to columns)."""
+
+    dataset: str = _opt("mnist", "data set", choices=DATASETS)
+    data_root: str | None = _opt(
+        None, "folder holding the data sets; `auto` means $PERFED_DATA, else "
+        "~/.cache/perfed-ray/data", auto=True)
+    download: bool = _opt(True, "download the data set through torchvision when it is missing")
+    data_transport: str = _opt(
+        "object_store", "how actors get the data: one read-only copy in Ray's object "
+        "store, or each actor reads the data root itself", choices=DATA_TRANSPORTS)
+    partition: str = _opt("paper", "how the data are split among users", choices=PARTITIONS)
+    paper_a: int | None = _opt(
+        None, "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
+        "68 for CIFAR-10, 40 for gaussian", low=1, auto=True)
+    dirichlet_alpha: float = _opt(
+        0.5, "concentration of the `dirichlet` partition", low=0, low_open=True)
+    n_users: int = _opt(50, "number of users n", low=1)
+    fraction: float = _opt(0.2, "fraction r of users sampled per round", low=0, high=1,
+                           low_open=True)
+    tau: int = _opt(10, "local steps per round", low=1)
+    rounds: int = _opt(1000, "communication rounds K", low=1)
+    alpha: float = _opt(0.01, "step size of the inner (adaptation) step", low=0)
+    beta: float = _opt(0.001, "local (outer) step size", low=0, low_open=True)
+    batch_size: int = _opt(40, "size of each batch D, D', D''", low=1)
+    delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0,
+                        low_open=True)
+    algorithm: str = _opt("perfedavg-hf", "local update rule", choices=ALGORITHMS)
+    model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN",
+                      choices=MODELS)
+    seed: int = _opt(0, "seed of everything random in the run", low=0)
+    eval_every: int = _opt(20, "evaluate all users every this many rounds (and at the end)",
+                           low=1)
+    final_eval_draws: int = _opt(
+        10, "independent adaptation batches drawn at the final evaluation", low=1)
+    adapt_on: str = _opt(
+        "train", "shard the evaluation's adaptation batch comes from (`test` leaks "
+        "labels: the paper's FedAvg baseline text; report it separately)", choices=ADAPT_ON)
+    users_per_actor: int = _opt(1, "users hosted by each Ray actor", low=1)
+    num_cpus_per_actor: float | None = _opt(
+        None, "CPUs each actor asks Ray for; auto: the cluster's CPUs shared among the "
+        "actors, at most 1", low=0, low_open=True, auto=True)
+    num_gpus_per_actor: float | None = _opt(
+        None, "GPUs each actor asks Ray for (fractions allowed); auto: the cluster's GPUs "
+        "shared among the actors, at most 1, or 0 without GPUs", low=0, auto=True)
+    tag: str = _opt("", "free-form label stored with the results")
+
+    @property
+    def users_per_round(self) -> int:
+        """m = max(1, round(r n)), the number of users sampled each round."""
+        return max(1, round(self.fraction * self.n_users))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return from_mapping({**self.to_dict(), **changes})
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    """The non-None type of a field (`int | None` -> int)."""
+    kind = str(f.type).split("|")[0].strip()
+    return {"str": str, "int": int, "float": float, "bool": bool}[kind]
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Check one value's type, range and choices; return it in its canonical form."""
+    f = FIELDS[key]
+    meta = f.metadata
+    kind = _base_type(f)
+    if meta["auto"] and (value is None or value == "auto"):
+        return None
+    allowed = _describe(key)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+        if meta["choices"] and value not in meta["choices"]:
+            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+    else:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}") from None
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
+        value = float(value)
+    low, high = meta["low"], meta["high"]
+    too_low = low is not None and (value <= low if meta["low_open"] else value < low)
+    too_high = high is not None and value > high
+    if too_low or too_high:
+        raise ConfigError(f"{key} = {value!r} is out of range: {allowed}")
+    return value
+
+
+def _describe(key: str) -> str:
+    """What a key accepts, in words, for error messages and the docs."""
+    f = FIELDS[key]
+    meta = f.metadata
+    kind = _base_type(f)
+    if meta["choices"]:
+        text = "one of " + ", ".join(meta["choices"])
+    elif kind is bool:
+        text = "true or false"
+    elif kind is str:
+        text = "a string"
+    else:
+        noun = "an integer" if kind is int else "a number"
+        low, high = meta["low"], meta["high"]
+        if low is not None and high is not None:
+            left = "(" if meta["low_open"] else "["
+            text = f"{noun} in {left}{low:g}, {high:g}]"
+        elif low is not None:
+            text = f"{noun} {'>' if meta['low_open'] else '>='} {low:g}"
+        else:
+            text = noun
+    return text + (" or auto" if meta["auto"] else "")
+
+
+def from_mapping(values: Mapping[str, Any]) -> RunConfig:
+    """Build a validated config from a flat mapping (a YAML file, overrides)."""
+    for key in values:
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown configuration key {key!r}{hint}; "
+                              f"see `perfed-ray keys` for the allowed keys")
+    cfg = RunConfig(**{k: _coerce(k, v) for k, v in values.items()})
+    _check_combination(cfg)
+    return cfg
+
+
+def _check_combination(cfg: RunConfig) -> None:
+    """Rules that involve more than one key."""
+    if cfg.partition in ("paper", "paper-diff") and cfg.n_users < 2:
+        raise ConfigError(f"n_users = {cfg.n_users} is too small for partition "
+                          f"{cfg.partition!r}: it needs at least 2 users (two groups)")
+    if cfg.users_per_actor > cfg.n_users:
+        raise ConfigError(f"users_per_actor = {cfg.users_per_actor} is larger than "
+                          f"n_users = {cfg.n_users}: use at most n_users")
+
+
+def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
+    """Parse `--set key=value` pairs; values are read as YAML scalars."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r} is not of the form key=value")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a flat YAML file (or nothing: all defaults) and apply `--set` overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"configuration file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"configuration file {str(path)!r} is not valid YAML: "
+                              f"{err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"configuration file {str(path)!r} must be a flat mapping "
+                              f"of key: value lines")
+        values.update(loaded)
+    values.update(parse_overrides(overrides))
+    return from_mapping(values)
+
+
+def reference() -> list[tuple[str, str, str, str]]:
+    """(key, default, allowed, meaning) for every key: the README's table and `keys`."""
+    rows = []
+    for name, f in FIELDS.items():
+        default = "auto" if f.metadata["auto"] and f.default is None else repr(f.default)
+        rows.append((name, default, _describe(name), f.metadata["help"]))
+    return rows

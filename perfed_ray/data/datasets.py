@@ -1,0 +1,170 @@
+"""Data sets as plain arrays: MNIST, CIFAR-10 and a seeded synthetic one.
+
+Images are kept as uint8, flattened in channel-height-width order (the
+protocol's 784 and 3072 features), so one read-only copy can sit in Ray's
+object store and be shared by every actor of a node; a user's shard is
+turned into floats in [0, 1] only inside the actor that hosts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from perfed_ray.seeding import Stream, numpy_rng
+
+DATA_ENV = "PERFED_DATA"
+DEFAULT_ROOT = Path("~/.cache/perfed-ray/data")
+
+
+class DataError(ValueError):
+    """The data set cannot be had or is unusable; the CLI exits with status 2."""
+
+
+@dataclass(frozen=True)
+class DataArrays:
+    """A whole data set, train and test, with what models and partitioners need to know."""
+
+    name: str
+    x_train: np.ndarray  # uint8 [N, features]
+    y_train: np.ndarray  # int64 [N]
+    x_test: np.ndarray
+    y_test: np.ndarray
+    input_shape: tuple[int, int, int]  # (channels, height, width)
+    n_classes: int
+
+
+def resolve_root(data_root: str | None) -> Path:
+    """The configured root, else $PERFED_DATA, else the per-user cache folder."""
+    root = data_root or os.environ.get(DATA_ENV) or str(DEFAULT_ROOT)
+    return Path(root).expanduser().resolve()
+
+
+def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
+    """A writable root whose `folder` links to the read-only originals.
+
+    torchvision unpacks archives next to them; a shared read-only data
+    folder (a mounted volume, ../shared/data) cannot take that, so the
+    archives are linked from a cache folder and unpacked there instead.
+    """
+    if os.access(root / folder, os.W_OK):
+        return root
+    key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    mirror = DEFAULT_ROOT.expanduser() / "mirrors" / key
+    (mirror / folder).mkdir(parents=True, exist_ok=True)
+    for name in files:
+        link = mirror / folder / name
+        if not link.exists():
+            link.symlink_to(root / folder / name)
+    return mirror
+
+
+MNIST_ARCHIVES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+
+
+def load_mnist(root: Path, download: bool, seed: int) -> DataArrays:
+    """MNIST through torchvision; archives already in `root/MNIST/raw` are used offline."""
+    from torchvision.datasets import MNIST
+
+    raw = root / "MNIST" / "raw"
+    have_archives = all((raw / f).is_file() for f in MNIST_ARCHIVES)
+    unpacked = all((raw / f.removesuffix(".gz")).is_file() for f in MNIST_ARCHIVES)
+    if not (have_archives or unpacked or download):
+        raise DataError(f"MNIST not found under {raw} and download is off: put the four "
+                        f"MNIST archives there, point data_root (or ${DATA_ENV}) at a folder "
+                        f"that has MNIST/raw, or set download: true")
+    if have_archives and not unpacked:
+        root = _writable_mirror(root, "MNIST/raw", MNIST_ARCHIVES)
+    try:
+        train = MNIST(str(root), train=True, download=download or have_archives)
+        test = MNIST(str(root), train=False, download=download or have_archives)
+    except Exception as err:  # torchvision raises plain RuntimeError/URLError/OSError
+        raise DataError(f"could not load MNIST from {root / 'MNIST'}: {err}; check the files "
+                        f"(or the network, to download), or point data_root / ${DATA_ENV} "
+                        f"at a folder with MNIST/raw") from None
+    return DataArrays("mnist", train.data.reshape(len(train.data), -1).numpy(),
+                      train.targets.numpy().astype(np.int64),
+                      test.data.reshape(len(test.data), -1).numpy(),
+                      test.targets.numpy().astype(np.int64), (1, 28, 28), 10)
+
+
+def _chw_flat(images: np.ndarray) -> np.ndarray:
+    """(N, H, W, C) uint8 -> (N, C*H*W), the layout of torchvision's ToTensor."""
+    return np.ascontiguousarray(images.transpose(0, 3, 1, 2)).reshape(len(images), -1)
+
+
+def load_cifar10(root: Path, download: bool, seed: int) -> DataArrays:
+    """CIFAR-10 from torchvision's batches, else from a `cifar10.npz`, else downloaded."""
+    from torchvision.datasets import CIFAR10
+
+    npz = next((p for p in (root / "cifar10.npz", root / "cifar10" / "cifar10.npz")
+                if p.is_file()), None)
+    batches = (root / "cifar-10-batches-py").is_dir()
+    if npz is not None and not batches:
+        try:
+            with np.load(npz) as d:
+                arrays = {k: d[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
+            raise DataError(f"{npz} is not a readable CIFAR-10 .npz ({err}); replace it "
+                            f"with a good copy (see the README's data section)") from None
+        return DataArrays("cifar10", _chw_flat(arrays["x_train"]),
+                          arrays["y_train"].astype(np.int64), _chw_flat(arrays["x_test"]),
+                          arrays["y_test"].astype(np.int64), (3, 32, 32), 10)
+    if not (batches or download):
+        raise DataError(f"CIFAR-10 not found under {root} (neither cifar-10-batches-py/ nor "
+                        f"cifar10.npz) and download is off: point data_root (or ${DATA_ENV}) "
+                        f"at a folder that has it, or set download: true")
+    try:
+        train = CIFAR10(str(root), train=True, download=download)
+        test = CIFAR10(str(root), train=False, download=download)
+    except Exception as err:
+        raise DataError(f"could not load CIFAR-10 from {root}: {err}; check the files (or the "
+                        f"network, to download), or point data_root / ${DATA_ENV} elsewhere"
+                        ) from None
+    return DataArrays("cifar10", _chw_flat(train.data), np.asarray(train.targets, np.int64),
+                      _chw_flat(test.data), np.asarray(test.targets, np.int64), (3, 32, 32), 10)
+
+
+def load_gaussian(root: Path, download: bool, seed: int) -> DataArrays:
+    """Ten well-separated Gaussian clusters on 8x8 'images', generated from the seed.
+
+    Small and easy, so tests can check that learning happens in seconds and
+    without files; 1,000 training and 200 test samples per class.
+    """
+    rng = numpy_rng(seed, Stream.DATA)
+    n_classes, shape = 10, (1, 8, 8)
+    centres = rng.uniform(0.2, 0.8, size=(n_classes, int(np.prod(shape))))
+
+    def draw(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.repeat(np.arange(n_classes), per_class)
+        x = centres[y] + rng.normal(0.0, 0.12, size=(len(y), centres.shape[1]))
+        return np.clip(np.rint(x * 255), 0, 255).astype(np.uint8), y.astype(np.int64)
+
+    x_train, y_train = draw(1000)
+    x_test, y_test = draw(200)
+    return DataArrays("gaussian", x_train, y_train, x_test, y_test, shape, n_classes)
+
+
+LOADERS: dict[str, Callable[[Path, bool, int], DataArrays]] = {
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "gaussian": load_gaussian,
+}
+
+PAPER_A = {"mnist": 196, "cifar10": 68, "gaussian": 40}
+
+
+def load_dataset(name: str, data_root: str | None, download: bool, seed: int) -> DataArrays:
+    """Load a data set by its configuration name; raises DataError with the fix."""
+    root = resolve_root(data_root)
+    if name != "gaussian" and not root.is_dir() and not download:
+        raise DataError(f"data root {root} does not exist: set data_root or ${DATA_ENV} to "
+                        f"the folder that holds the data sets, or set download: true")
+    return LOADERS[name](root, download, seed)

@@ -1,0 +1,155 @@
+"""Partitioners: which samples of a data set belong to which user.
+
+Every partitioner only decides a count matrix, how many samples of each
+class each user gets (for train and for test); one function then draws the
+samples, without replacement and with a seeded generator, so users' shards
+are disjoint by construction whatever the partitioner.
+
+- `paper`: Section 5 and Appendix I (Table 2) as `PROTOCOL.md` fixes it.
+- `paper-diff`: the "diff. hetero." row of Table 1.
+- `iid`: every user the same class mix, the whole data set shared out.
+- `dirichlet`: class proportions over users drawn from Dir(concentration)
+  (Hsu et al. 2019), the test set split with the same proportions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfed_ray.config import RunConfig
+from perfed_ray.data.datasets import PAPER_A, DataArrays, DataError
+from perfed_ray.seeding import Stream, numpy_rng
+
+
+@dataclass(frozen=True)
+class UserIndices:
+    """One user's disjoint train and test index sets and the group it belongs to."""
+
+    user: int
+    group: str
+    train: np.ndarray
+    test: np.ndarray
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Per-user, per-class sample counts for train and test, and each user's group."""
+
+    train: np.ndarray  # int [n_users, n_classes]
+    test: np.ndarray
+    groups: list[str]
+
+
+def paper_counts(n_users: int, a: int, a_test: int, n_classes: int, diff: bool) -> Counts:
+    """Table 2: group A (users 0..n/2-1) get `a` of each class 0-4; user u of group B
+    gets a/2 of class j = (u - n/2) mod 5 and 2a of class 5 + j (only the 2a with `diff`).
+    """
+    half = n_classes // 2
+
+    def matrix(per: int) -> np.ndarray:
+        counts = np.zeros((n_users, n_classes), dtype=np.int64)
+        split = n_users // 2
+        counts[:split, :half] = per
+        for u in range(split, n_users):
+            j = (u - split) % half
+            counts[u, j] = 0 if diff else per // 2
+            counts[u, half + j] = 2 * per
+        return counts
+
+    groups = ["A" if u < n_users // 2 else "B" for u in range(n_users)]
+    return Counts(matrix(a), matrix(a_test), groups)
+
+
+def proportional_counts(proportions: np.ndarray, class_totals: np.ndarray) -> np.ndarray:
+    """Share each class's samples among users by `proportions` [users, classes]
+    (columns sum to one), rounding by largest remainder so no sample is lost."""
+    exact = proportions * class_totals[None, :]
+    counts = np.floor(exact).astype(np.int64)
+    for c in range(counts.shape[1]):
+        short = int(class_totals[c] - counts[:, c].sum())
+        if short:
+            counts[np.argsort(counts[:, c] - exact[:, c], kind="stable")[:short], c] += 1
+    return counts
+
+
+def _class_totals(labels: np.ndarray, n_classes: int) -> np.ndarray:
+    return np.bincount(labels, minlength=n_classes).astype(np.int64)
+
+
+def draw_disjoint(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator,
+                  split: str, dataset: str, fix: str) -> list[np.ndarray]:
+    """Draw counts[u, c] samples of class c for every user u, without replacement."""
+    n_users, n_classes = counts.shape
+    chosen: list[list[np.ndarray]] = [[] for _ in range(n_users)]
+    for c in range(n_classes):
+        pool = np.flatnonzero(labels == c)
+        need = int(counts[:, c].sum())
+        if need > len(pool):
+            raise DataError(f"{dataset} {split} set has {len(pool)} samples of class {c}, but "
+                            f"the partition needs {need}: {fix}")
+        pool = rng.permutation(pool)
+        ends = np.cumsum(counts[:, c])
+        for u in range(n_users):
+            chosen[u].append(pool[ends[u] - counts[u, c]:ends[u]])
+    return [np.sort(np.concatenate(parts)) for parts in chosen]
+
+
+def _paper(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    a = cfg.paper_a or PAPER_A[data.name]
+    a_test = a * len(data.y_test) // len(data.y_train)
+    if data.n_classes < 10:
+        raise DataError(f"partition {cfg.partition!r} needs 10 classes; {data.name} has "
+                        f"{data.n_classes}: use partition iid or dirichlet")
+    if a_test < 2:
+        raise DataError(f"paper_a = {a} leaves {a_test} test images per class unit (a_test = "
+                        f"floor(a * N_test / N_train)); use a larger paper_a")
+    return paper_counts(cfg.n_users, a, a_test, data.n_classes, cfg.partition == "paper-diff")
+
+
+def _iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    proportions = np.full((cfg.n_users, data.n_classes), 1.0 / cfg.n_users)
+    return _proportional(cfg, data, proportions)
+
+
+def _dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    for _ in range(100):  # resample until every user can fill a batch
+        proportions = rng.dirichlet(np.full(cfg.n_users, cfg.dirichlet_alpha),
+                                    size=data.n_classes).T
+        counts = _proportional(cfg, data, proportions)
+        if counts.train.sum(axis=1).min() >= cfg.batch_size:
+            return counts
+    raise DataError(f"dirichlet partition with dirichlet_alpha = {cfg.dirichlet_alpha} keeps "
+                    f"leaving some of the {cfg.n_users} users fewer than batch_size = "
+                    f"{cfg.batch_size} samples: raise dirichlet_alpha or lower n_users")
+
+
+def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> Counts:
+    train = proportional_counts(proportions, _class_totals(data.y_train, data.n_classes))
+    test = proportional_counts(proportions, _class_totals(data.y_test, data.n_classes))
+    return Counts(train, test, ["all"] * cfg.n_users)
+
+
+PARTITIONERS: dict[str, Callable[[RunConfig, DataArrays, np.random.Generator], Counts]] = {
+    "paper": _paper,
+    "paper-diff": _paper,
+    "iid": _iid,
+    "dirichlet": _dirichlet,
+}
+
+
+def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
+    """Split `data` among cfg.n_users users; the same seed gives the same split."""
+    rng = numpy_rng(cfg.seed, Stream.PARTITION)
+    counts = PARTITIONERS[cfg.partition](cfg, data, rng)
+    fix = "lower n_users (or paper_a), or choose another partition"
+    train = draw_disjoint(data.y_train, counts.train, rng, "training", data.name, fix)
+    test = draw_disjoint(data.y_test, counts.test, rng, "test", data.name, fix)
+    small = [u for u, idx in enumerate(train) if len(idx) < cfg.batch_size]
+    if small:
+        raise DataError(f"{len(small)} users (first: user {small[0]}, "
+                        f"{len(train[small[0]])} samples) have fewer training samples than "
+                        f"batch_size = {cfg.batch_size}: lower batch_size or n_users")
+    return [UserIndices(u, counts.groups[u], train[u], test[u]) for u in range(cfg.n_users)]

@@ -1,0 +1,83 @@
+"""A user's side of the protocol: local training and personalised evaluation.
+
+This is where the pure rules of :mod:`perfed_ray.algorithms` meet a user's
+shard and random stream; it knows nothing about Ray, so the same object
+runs inside an actor, in a test, or in a plain loop over users.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from perfed_ray.algorithms import RULES, Batch, Params, StepSizes, adapt, local_update
+from perfed_ray.config import RunConfig
+from perfed_ray.data import Shard
+from perfed_ray.models import cross_entropy_loss, predict
+from perfed_ray.seeding import Stream, torch_generator
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One user's scores at one evaluation and adaptation draw (PROTOCOL.md, Evaluation)."""
+
+    user: int
+    group: str
+    draw: int
+    n_train: int
+    n_test: int
+    acc_before: float
+    loss_before: float
+    acc_after: float
+    loss_after: float
+
+
+class LocalLearner:
+    """Runs Algorithm 1's inner loop and the one-step-adapted evaluation for any user."""
+
+    def __init__(self, cfg: RunConfig, model: nn.Module) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.rule = RULES[cfg.algorithm]
+        self.loss = cross_entropy_loss(model)
+        self.steps = StepSizes(cfg.alpha, cfg.beta, cfg.delta)
+
+    def _batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> Batch:
+        """A batch drawn uniformly without replacement from (x, y)."""
+        idx = torch.randperm(len(y), generator=gen)[: self.cfg.batch_size].to(y.device)
+        return x[idx], y[idx]
+
+    def train(self, params: Params, shard: Shard, round_: int) -> tuple[Params, float]:
+        """tau local steps from the global model, each with fresh D, D', D''."""
+        gen = torch_generator(self.cfg.seed, Stream.LOCAL_TRAINING, shard.user, round_)
+        batches = [
+            tuple(self._batch(shard.x_train, shard.y_train, gen) for _ in range(3))
+            for _ in range(self.cfg.tau)
+        ]
+        params, loss = local_update(self.rule, self.loss, params, batches, self.steps)
+        return params, float(loss)
+
+    def _score(self, params: Params, shard: Shard) -> tuple[float, float]:
+        logits = predict(self.model, params, shard.x_test)
+        loss = nn.functional.cross_entropy(logits, shard.y_test)
+        accuracy = (logits.argmax(dim=1) == shard.y_test).float().mean()
+        return float(accuracy), float(loss)
+
+    def evaluate(self, params: Params, shard: Shard, round_: int,
+                 draws: int) -> list[Evaluation]:
+        """Accuracy on the whole test shard before and after ONE SGD step of size
+        alpha on a batch from the user's own data, once per independent draw."""
+        acc_before, loss_before = self._score(params, shard)
+        source = (shard.x_test, shard.y_test) if self.cfg.adapt_on == "test" else (
+            shard.x_train, shard.y_train)
+        rows = []
+        for draw in range(draws):
+            gen = torch_generator(self.cfg.seed, Stream.EVALUATION, shard.user, round_, draw)
+            adapted = adapt(self.loss, params, self._batch(*source, gen), self.cfg.alpha)
+            acc_after, loss_after = self._score(adapted, shard)
+            rows.append(Evaluation(shard.user, shard.group, draw, len(shard.y_train),
+                                   len(shard.y_test), acc_before, loss_before, acc_after,
+                                   loss_after))
+        return rows

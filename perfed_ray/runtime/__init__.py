@@ -1,0 +1,1 @@
+"""Ray runtime: user actors, placement, the driver-side coordinator, one simulation."""

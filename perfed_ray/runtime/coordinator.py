@@ -1,0 +1,105 @@
+"""The server of Algorithm 1, on the driver: sample, broadcast, gather, average.
+
+The coordinator sees users only as ids hosted by actors and models only as
+flat weight vectors; what a local update computes is the actors' business.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+
+from perfed_ray.config import RunConfig
+from perfed_ray.results.writer import RunWriter
+from perfed_ray.runtime.placement import Placement
+from perfed_ray.seeding import Stream, numpy_rng
+
+
+def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
+    """A_k: m users drawn uniformly without replacement, from round k's own stream."""
+    rng = numpy_rng(seed, Stream.USER_SAMPLING, round_)
+    return sorted(int(u) for u in rng.choice(n_users, size=m, replace=False))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the coordinator reports after each round."""
+
+    round: int
+    rounds: int
+    rounds_per_second: float
+    accuracy: float | None  # mean personalised accuracy at the last evaluation
+    accuracy_round: int | None
+
+
+class Coordinator:
+    """Runs the rounds of one simulation over a fixed set of user actors."""
+
+    def __init__(self, cfg: RunConfig, actors: list[ray.actor.ActorHandle],
+                 placement: Placement, weights: np.ndarray, writer: RunWriter,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.cfg = cfg
+        self.actors = actors
+        self.host_of = placement.host_of
+        self.weights = weights
+        self.writer = writer
+        self.on_progress = on_progress
+        self.rounds_done = 0
+        self.last_accuracy: tuple[int, float] | None = None
+
+    def run_round(self, round_: int) -> dict:
+        """One round k: w_{k+1} = mean of the sampled users' w_{k+1,tau}."""
+        start = time.perf_counter()
+        users = sample_users(self.cfg.seed, round_, self.cfg.n_users, self.cfg.users_per_round)
+        by_actor: dict[int, list[int]] = {}
+        for u in users:
+            by_actor.setdefault(self.host_of[u], []).append(u)
+        ref = ray.put(self.weights)
+        pending = [self.actors[a].train.remote(ref, us, round_) for a, us in by_actor.items()]
+        results = {u: (w, loss) for batch in ray.get(pending) for u, w, loss in batch}
+        # The mean is taken in user order, so it does not depend on placement.
+        self.weights = np.mean([results[u][0] for u in users], axis=0, dtype=np.float32)
+        return {
+            "round": round_,
+            "users": users,
+            "n_sampled": len(users),
+            "train_loss": float(np.mean([results[u][1] for u in users])),
+            "wall_seconds": time.perf_counter() - start,
+            "bytes_sent": self.weights.nbytes * len(pending),
+            "bytes_received": sum(results[u][0].nbytes for u in users),
+        }
+
+    def evaluate(self, round_: int, final: bool) -> list[dict]:
+        """Every user's personalised scores, computed on the actor that hosts it."""
+        draws = self.cfg.final_eval_draws if final else 1
+        ref = ray.put(self.weights)
+        rows = [row for batch in ray.get([a.evaluate.remote(ref, round_, draws)
+                                          for a in self.actors]) for row in batch]
+        for row in rows:
+            row.update(round=round_, final=final)
+        self.last_accuracy = (round_, float(np.mean([r["acc_after"] for r in rows])))
+        return rows
+
+    def run(self) -> np.ndarray:
+        """All rounds, with evaluations at round 0, every eval_every rounds and at the end;
+        rows are flushed to Parquet at each evaluation."""
+        cfg = self.cfg
+        self.writer.add("evals", self.evaluate(0, final=False))
+        self.writer.flush()
+        start = time.perf_counter()
+        for round_ in range(1, cfg.rounds + 1):
+            self.writer.add("rounds", [self.run_round(round_)])
+            self.rounds_done = round_
+            final = round_ == cfg.rounds
+            if final or round_ % cfg.eval_every == 0:
+                self.writer.add("evals", self.evaluate(round_, final))
+                self.writer.flush()
+            if self.on_progress:
+                acc_round, acc = self.last_accuracy or (None, None)
+                rate = round_ / max(time.perf_counter() - start, 1e-9)
+                self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
+        return self.weights
