@@ -46,6 +46,12 @@ def resolve_root(data_root: str | None) -> Path:
     return Path(root).expanduser().resolve()
 
 
+def _writable(folder: Path) -> bool:
+    """Writable for us and meant to be: root may write anywhere, but a folder
+    without any write bit is somebody's read-only copy and stays untouched."""
+    return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+
+
 def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
     """A writable root whose `folder` links to the read-only originals.
 
@@ -53,7 +59,7 @@ def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
     folder (a mounted volume, ../shared/data) cannot take that, so the
     archives are linked from a cache folder and unpacked there instead.
     """
-    if os.access(root / folder, os.W_OK):
+    if _writable(root / folder):
         return root
     key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
     mirror = DEFAULT_ROOT.expanduser() / "mirrors" / key

@@ -23,7 +23,8 @@ import torch
 
 import perfed_ray
 from perfed_ray.config import RunConfig
-from perfed_ray.data import DataArrays, UserIndices, load_dataset, partition
+from perfed_ray.data import DataArrays, UserIndices, load_dataset, partition, resolve_root
+from perfed_ray.data.datasets import PAPER_A
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor
@@ -42,7 +43,13 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig) -> Prepared:
-    """Load the data set and partition it; raises DataError for unusable input."""
+    """Load the data set and partition it; raises DataError for unusable input.
+
+    `auto` values that depend on the data are resolved here, so the stored
+    configuration says what the run actually used.
+    """
+    cfg = cfg.replace(data_root=str(resolve_root(cfg.data_root)),
+                      paper_a=cfg.paper_a or PAPER_A[cfg.dataset])
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
     return Prepared(cfg, data, partition(cfg, data))
 
