@@ -16,9 +16,7 @@ import traceback
 from pathlib import Path
 
 from perfed_ray import config as configuration
-from perfed_ray.config import ConfigError
-from perfed_ray.data import DataError
-from perfed_ray.runtime.coordinator import Progress
+from perfed_ray.errors import ConfigError, InputError
 
 
 class ProgressDisplay:
@@ -30,7 +28,7 @@ class ProgressDisplay:
         self.tty = stream.isatty()
         self.last_printed: int | None = None
 
-    def __call__(self, p: Progress) -> None:
+    def __call__(self, p) -> None:  # p: runtime.coordinator.Progress
         eta = (p.rounds - p.round) / max(p.rounds_per_second, 1e-9)
         acc = "-" if p.accuracy is None else f"{100 * p.accuracy:.2f}% (round {p.accuracy_round})"
         width = 20
@@ -150,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         status = args.func(args)
-    except (ConfigError, DataError) as err:
+    except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.command == "run" and status == 0:

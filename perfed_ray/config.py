@@ -20,16 +20,14 @@ from typing import Any
 
 import yaml
 
+from perfed_ray.errors import ConfigError
+
 ALGORITHMS = ("fedavg", "perfedavg", "perfedavg-fo", "perfedavg-hf")
 DATASETS = ("mnist", "cifar10", "gaussian")
 PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet")
 MODELS = ("mlp", "cnn")
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
-
-
-class ConfigError(ValueError):
-    """A problem with the user's input; the CLI reports it and exits with status 2."""
 
 
 def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,

@@ -17,14 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from perfed_ray.errors import DataError
 from perfed_ray.seeding import Stream, numpy_rng
 
 DATA_ENV = "PERFED_DATA"
 DEFAULT_ROOT = Path("~/.cache/perfed-ray/data")
-
-
-class DataError(ValueError):
-    """The data set cannot be had or is unusable; the CLI exits with status 2."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,17 @@
+"""Errors that mean "the user's input is wrong": the CLI prints them and exits 2.
+
+Kept free of heavy imports so that a bad configuration is reported at once,
+before torch, Ray or the data are loaded.
+"""
+
+
+class InputError(ValueError):
+    """Bad input; the message names the problem and the fix."""
+
+
+class ConfigError(InputError):
+    """A configuration key, value or file is wrong."""
+
+
+class DataError(InputError):
+    """The data set cannot be had, or cannot be split as configured."""

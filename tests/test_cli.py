@@ -1,0 +1,81 @@
+"""The command line as a user meets it: bad input exits 2 with one clear line, before Ray
+starts; a good run prints its summary; `summary` reads a results folder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfed_ray.config import ConfigError, from_mapping, load
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+BAD_INPUTS = [
+    (["--set", "fraction=1.5"], "fraction = 1.5 is out of range: a number in (0, 1]"),
+    (["--set", "tau=0"], "tau = 0 is out of range: an integer >= 1"),
+    (["--set", "algorithm=maml"],
+     "algorithm = 'maml' is not allowed: one of fedavg, perfedavg, perfedavg-fo, perfedavg-hf"),
+    (["--set", "n_users=ten"], "n_users = 'ten' is not allowed: an integer >= 1"),
+    (["--set", "alpah=0.1"], "unknown configuration key 'alpah' (did you mean 'alpha'?)"),
+    (["--set", "beta"], "--set 'beta' is not of the form key=value"),
+    (["--set", "data_root=/nonexistent/data", "--set", "download=false"],
+     "data root /nonexistent/data does not exist: set data_root or $PERFED_DATA"),
+    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "--set", "download=false"],
+     "CIFAR-10 not found under"),
+    (["--set", "dataset=mnist", "--set", "data_root=EMPTY", "--set", "download=false"],
+     "MNIST not found under"),
+    (["no-such-file.yaml"], "configuration file 'no-such-file.yaml' does not exist"),
+    (["--set", "partition=paper", "--set", "n_users=1"], "n_users = 1 is too small"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[m[:30] for _, m in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_clear_line(tmp_path, args, message):
+    args = [a.replace("EMPTY", str(tmp_path)) for a in args]
+    result = _cli("run", *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message.replace("EMPTY", str(tmp_path)) in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "runs").exists()  # nothing started, nothing written
+
+
+def test_yaml_file_problems(tmp_path):
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- dataset\n- mnist\n")
+    with pytest.raises(ConfigError, match="must be a flat mapping"):
+        load(listing)
+    floats = tmp_path / "floats.yaml"
+    floats.write_text("beta: 1e-3\nalpha: 0\nnum_gpus_per_actor: auto\n")
+    cfg = load(floats, ["tau=4", "tag=table 1"])
+    assert (cfg.beta, cfg.alpha, cfg.tau, cfg.tag) == (0.001, 0.0, 4, "table 1")
+    assert cfg.num_gpus_per_actor is None
+    with pytest.raises(ConfigError, match="users_per_actor = 60 is larger than n_users"):
+        from_mapping({"users_per_actor": 60})
+
+
+def test_run_and_summary_through_the_cli(tmp_path):
+    config = tmp_path / "easy.yaml"
+    config.write_text("dataset: gaussian\nn_users: 4\nfraction: 0.5\nrounds: 3\n"
+                      "eval_every: 3\ntau: 2\nbeta: 0.2\nfinal_eval_draws: 2\n")
+    out = tmp_path / "results"
+    run = _cli("run", str(config), "--set", "algorithm=perfedavg-fo", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "round 3/3" in run.stderr and "rounds/s" in run.stderr
+    assert "perfedavg-fo" in run.stdout and "finished" in run.stdout
+
+    summary = _cli("summary", str(out), "--markdown")
+    assert summary.returncode == 0, summary.stderr
+    lines = summary.stdout.strip().splitlines()
+    assert lines[0].startswith("| run_id") and len(lines) == 3
+    assert "| gaussian | paper | perfedavg-fo | 2 | 0.01 | 0 | finished | 3/3 |" in lines[2]
+
+    missing = _cli("summary", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

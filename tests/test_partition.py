@@ -1,0 +1,84 @@
+"""Partitioners on the real MNIST labels: the protocol's counts, disjointness, seeding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfed_ray.config import from_mapping
+from perfed_ray.data import DataError, partition
+
+
+def _class_counts(labels: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return np.bincount(labels[idx], minlength=10)
+
+
+def _assert_disjoint(users, attr: str) -> None:
+    sets = [getattr(u, attr) for u in users]
+    joined = np.concatenate(sets)
+    assert len(np.unique(joined)) == len(joined)
+
+
+def test_paper_split_has_the_protocol_counts(mnist):
+    users = partition(from_mapping({"dataset": "mnist", "paper_a": 196}), mnist)
+    assert len(users) == 50
+    for u in users:
+        train = _class_counts(mnist.y_train, u.train)
+        test = _class_counts(mnist.y_test, u.test)
+        if u.user < 25:
+            assert u.group == "A"
+            assert train.tolist() == [196] * 5 + [0] * 5
+            assert test.tolist() == [32] * 5 + [0] * 5
+        else:
+            assert u.group == "B"
+            j = (u.user - 25) % 5
+            want = np.zeros(10, dtype=int)
+            want[j], want[5 + j] = 98, 392
+            assert train.tolist() == want.tolist()
+            want_test = np.zeros(10, dtype=int)
+            want_test[j], want_test[5 + j] = 16, 64
+            assert test.tolist() == want_test.tolist()
+    _assert_disjoint(users, "train")
+    _assert_disjoint(users, "test")
+
+
+def test_paper_diff_drops_group_b_minority_class(mnist):
+    cfg = from_mapping({"dataset": "mnist", "partition": "paper-diff", "paper_a": 196})
+    users = partition(cfg, mnist)
+    for u in users[25:]:
+        j = (u.user - 25) % 5
+        counts = _class_counts(mnist.y_train, u.train)
+        assert counts[j] == 0 and counts[5 + j] == 392 and counts.sum() == 392
+    assert _class_counts(mnist.y_train, users[0].train).tolist() == [196] * 5 + [0] * 5
+
+
+def test_same_seed_same_split_other_seed_other_split(mnist):
+    cfg = from_mapping({"dataset": "mnist", "paper_a": 196})
+    a, b = partition(cfg, mnist), partition(cfg, mnist)
+    c = partition(cfg.replace(seed=1), mnist)
+    assert all(np.array_equal(x.train, y.train) and np.array_equal(x.test, y.test)
+               for x, y in zip(a, b, strict=True))
+    assert not np.array_equal(a[0].train, c[0].train)
+
+
+@pytest.mark.parametrize("extra", [{"partition": "iid"},
+                                   {"partition": "dirichlet", "dirichlet_alpha": 0.3}])
+def test_iid_and_dirichlet_are_disjoint_and_share_out_everything(mnist, extra):
+    users = partition(from_mapping({"dataset": "mnist", "n_users": 20, **extra}), mnist)
+    _assert_disjoint(users, "train")
+    _assert_disjoint(users, "test")
+    assert sum(len(u.train) for u in users) == len(mnist.y_train)
+    assert sum(len(u.test) for u in users) == len(mnist.y_test)
+    assert min(len(u.train) for u in users) >= 40
+    mixes = np.array([_class_counts(mnist.y_train, u.train) / len(u.train) for u in users])
+    spread = mixes.std(axis=0).mean()
+    if extra["partition"] == "iid":
+        assert spread < 0.01
+    else:
+        assert spread > 0.05
+
+
+def test_too_many_users_for_the_paper_split_is_a_clear_error(mnist):
+    pattern = r"training set has \d+ samples of class 0, but the partition needs .*lower n_users"
+    with pytest.raises(DataError, match=pattern):
+        partition(from_mapping({"dataset": "mnist", "n_users": 200, "paper_a": 196}), mnist)
