@@ -119,8 +119,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    for key, default, allowed, meaning in configuration.reference():
-        print(f"{key:20} default {default:14} {allowed}\n{'':20} {meaning}")
+    print(configuration.reference_text(markdown=args.markdown))
     return 0
 
 
@@ -139,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
     summ.add_argument("--markdown", action="store_true", help="print a Markdown table")
     summ.set_defaults(func=cmd_summary)
     keys = sub.add_parser("keys", help="list every configuration key")
+    keys.add_argument("--markdown", action="store_true", help="print the README's table")
     keys.set_defaults(func=cmd_keys)
     return top
 
@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if args.command == "run" and status == 0:
         print(f"done in {_duration(time.perf_counter() - start)}", file=sys.stderr)
     return status

@@ -244,3 +244,13 @@ def reference() -> list[tuple[str, str, str, str]]:
         default = "auto" if f.metadata["auto"] and f.default is None else repr(f.default)
         rows.append((name, default, _describe(name), f.metadata["help"]))
     return rows
+
+
+def reference_text(markdown: bool = False) -> str:
+    """The configuration reference as a Markdown table (the README's) or plain text."""
+    if markdown:
+        lines = ["| key | default | allowed | meaning |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{k}` | `{d}` | {a} | {m} |" for k, d, a, m in reference()]
+    else:
+        lines = [f"{k:20} default {d:14} {a}\n{'':20} {m}" for k, d, a, m in reference()]
+    return "\n".join(lines)
