@@ -8,7 +8,6 @@ reported in one line before Ray starts; 1 a run that failed while running
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -69,10 +68,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from perfed_ray.runtime import simulation  # imports Ray and torch: after validation
 
     prepared = simulation.prepare(cfg)
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
     run_id = simulation.new_run_id(cfg)
     print(f"run {run_id}: results under {out}/", file=sys.stderr)
     try:

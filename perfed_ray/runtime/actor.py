@@ -42,10 +42,10 @@ class UserActor:
     def train(self, weights: np.ndarray, users: list[int],
               round_: int) -> list[tuple[int, np.ndarray, float]]:
         """Local updates of the given users from the global weights: (user, weights, loss)."""
+        start = self.flat.unflatten(weights, self.device)  # rules never modify it in place
         out = []
         for user in users:
-            params, loss = self.learner.train(
-                self.flat.unflatten(weights, self.device), self.shards[user], round_)
+            params, loss = self.learner.train(start, self.shards[user], round_)
             out.append((user, self.flat.flatten(params), loss))
         return out
 

@@ -6,6 +6,7 @@ root, partition) is checked in :func:`prepare`, before Ray starts.
 
 from __future__ import annotations
 
+import logging
 import platform
 import secrets
 import socket
@@ -99,7 +100,7 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     returns its run id. The runs row says `finished` only if every round ran."""
     cfg = prepared.cfg
     if not ray.is_initialized():
-        ray.init()
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
     run_id = run_id or new_run_id(cfg)
     writer = RunWriter(out, run_id, cfg)
     placement = plan(cfg, ray.cluster_resources())
