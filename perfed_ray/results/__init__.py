@@ -1,0 +1,1 @@
+"""Parquet result tables and their schema."""

@@ -1,0 +1,123 @@
+"""Parquet results: the contract users analyse with pandas.
+
+Layout under the output folder (hive-partitioned by run, so
+``pandas.read_parquet("results/evals")`` reads every run in one call)::
+
+    runs/run_id=<id>/part-0.parquet       one row per run (rewritten at the end)
+    rounds/run_id=<id>/part-<n>.parquet   one row per round
+    evals/run_id=<id>/part-<n>.parquet    one row per user, evaluation and draw
+
+Every row carries every configuration value as a column, with one fixed
+Arrow type per column (from :class:`~perfed_ray.config.RunConfig`), so files
+of different runs always read back as one table. Each part file is written
+under a dot-name that readers skip and then renamed into place, so a crash
+at any instant leaves only complete files behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from perfed_ray.config import FIELDS, RunConfig
+
+_ARROW = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+CONFIG_SCHEMA = pa.schema(
+    [(name, _ARROW[str(f.type).split("|")[0].strip()]) for name, f in FIELDS.items()])
+
+RUNS_SCHEMA = pa.schema([
+    ("status", pa.string()),  # running, finished, failed, interrupted
+    ("error", pa.string()),
+    ("started_at", TIMESTAMP),
+    ("ended_at", TIMESTAMP),
+    ("wall_seconds", pa.float64()),
+    ("rounds_done", pa.int64()),
+    ("n_actors", pa.int64()),
+    ("actor_cpus", pa.float64()),
+    ("actor_gpus", pa.float64()),
+    ("command", pa.string()),
+    ("hostname", pa.string()),
+    ("python_version", pa.string()),
+    ("perfed_ray_version", pa.string()),
+    ("ray_version", pa.string()),
+    ("torch_version", pa.string()),
+    ("numpy_version", pa.string()),
+    ("pyarrow_version", pa.string()),
+])
+
+ROUNDS_SCHEMA = pa.schema([
+    ("round", pa.int64()),
+    ("users", pa.list_(pa.int64())),
+    ("n_sampled", pa.int64()),
+    ("train_loss", pa.float64()),
+    ("wall_seconds", pa.float64()),
+    ("bytes_sent", pa.int64()),
+    ("bytes_received", pa.int64()),
+])
+
+EVALS_SCHEMA = pa.schema([
+    ("round", pa.int64()),
+    ("final", pa.bool_()),
+    ("user", pa.int64()),
+    ("group", pa.string()),
+    ("draw", pa.int64()),
+    ("n_train", pa.int64()),
+    ("n_test", pa.int64()),
+    ("acc_before", pa.float64()),
+    ("loss_before", pa.float64()),
+    ("acc_after", pa.float64()),
+    ("loss_after", pa.float64()),
+])
+
+TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA}
+
+
+def write_atomically(table: pa.Table, path: Path) -> None:
+    """Write a Parquet file so that readers see all of it or none of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Buffers one run's rows and writes them as part files as the run goes."""
+
+    def __init__(self, out: Path, run_id: str, cfg: RunConfig) -> None:
+        self.out = Path(out)
+        self.run_id = run_id
+        self.config = cfg.to_dict()
+        self.buffers: dict[str, list[dict[str, Any]]] = {"rounds": [], "evals": []}
+        self.parts = {"rounds": 0, "evals": 0}
+        for name in TABLES:
+            self.folder(name).mkdir(parents=True, exist_ok=True)
+
+    def folder(self, table: str) -> Path:
+        return self.out / table / f"run_id={self.run_id}"
+
+    def _table(self, name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])
+        full = [{**self.config, **row} for row in rows]
+        return pa.Table.from_pylist(full, schema=schema)
+
+    def write_run(self, row: Mapping[str, Any]) -> None:
+        """(Re)write the run's single row: at the start, and with its final status."""
+        write_atomically(self._table("runs", [row]), self.folder("runs") / "part-0.parquet")
+
+    def add(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        self.buffers[table].extend(rows)
+
+    def flush(self) -> None:
+        """Write buffered rows as new part files."""
+        for name, rows in self.buffers.items():
+            if rows:
+                path = self.folder(name) / f"part-{self.parts[name]:05d}.parquet"
+                write_atomically(self._table(name, rows), path)
+                self.parts[name] += 1
+                rows.clear()
