@@ -70,8 +70,8 @@ def test_placement_does_not_change_results(ray_session, tmp_path, algorithm):
 
 
 def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
-    _run(tmp_path, algorithm="fedavg", rounds=2, eval_every=2)
-    _run(tmp_path, algorithm="perfedavg-fo", rounds=2, eval_every=2)
+    _run(tmp_path, algorithm="fedavg", rounds=2, eval_every=2, users_per_actor=3)
+    _run(tmp_path, algorithm="perfedavg-fo", rounds=2, eval_every=2, users_per_actor=3)
     evals = pd.read_parquet(tmp_path / "evals")
     assert evals["run_id"].nunique() == 2
     by_algorithm = evals[evals["final"]].groupby("algorithm")["acc_after"].mean()
