@@ -23,8 +23,8 @@ import yaml
 from perfed_ray.errors import ConfigError
 
 ALGORITHMS = ("fedavg", "perfedavg", "perfedavg-fo", "perfedavg-hf")
-DATASETS = ("mnist", "cifar10", "gaussian")
-PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet")
+DATASETS = ("mnist", "cifar10", "gaussian", "synthetic")
+PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet", "natural")
 MODELS = ("mlp", "cnn")
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
@@ -47,7 +47,8 @@ def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
 class RunConfig:
     """Every configuration value of one run (flat, so it maps to YAML and to columns)."""
 
-    dataset: str = _opt("mnist", "data set", choices=DATASETS)
+    dataset: str = _opt("mnist", "data set (synthetic: FedProx's Synthetic(alpha, beta))",
+                        choices=DATASETS)
     data_root: str | None = _opt(
         None, "folder holding the data sets; `auto` means $PERFED_DATA, else "
         "~/.cache/perfed-ray/data", auto=True)
@@ -55,10 +56,16 @@ class RunConfig:
     data_transport: str = _opt(
         "object_store", "how actors get the data: one read-only copy in Ray's object "
         "store, or each actor reads the data root itself", choices=DATA_TRANSPORTS)
-    partition: str = _opt("paper", "how the data are split among users", choices=PARTITIONS)
+    partition: str = _opt(
+        "paper", "how the data are split among users (`natural`: the data set's own "
+        "users, for synthetic)", choices=PARTITIONS)
     paper_a: int | None = _opt(
         None, "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
         "68 for CIFAR-10, 40 for gaussian", low=1, auto=True)
+    synthetic_alpha: float = _opt(
+        1.0, "alpha of Synthetic(alpha, beta): how much users' models differ", low=0)
+    synthetic_beta: float = _opt(
+        1.0, "beta of Synthetic(alpha, beta): how much users' inputs differ", low=0)
     dirichlet_alpha: float = _opt(
         0.5, "concentration of the `dirichlet` partition", low=0, low_open=True)
     n_users: int = _opt(50, "number of users n", low=1)
@@ -82,7 +89,12 @@ class RunConfig:
     adapt_on: str = _opt(
         "train", "shard the evaluation's adaptation batch comes from (`test` leaks "
         "labels: the paper's FedAvg baseline text; report it separately)", choices=ADAPT_ON)
-    users_per_actor: int = _opt(1, "users hosted by each Ray actor", low=1)
+    users_per_actor: int | None = _opt(
+        1, "users hosted by each Ray actor; auto: as many actors as the cluster runs at "
+        "once given each actor's request, users spread evenly over them", low=1, auto=True)
+    batch_users: bool = _opt(
+        True, "an actor trains the sampled users it hosts together, in one vectorised "
+        "(torch.func.vmap) pass, instead of one after the other")
     num_cpus_per_actor: float | None = _opt(
         None, "CPUs each actor asks Ray for; auto: the cluster's CPUs shared among the "
         "actors, at most 1", low=0, low_open=True, auto=True)
@@ -196,7 +208,15 @@ def _check_combination(cfg: RunConfig) -> None:
     if cfg.partition in ("paper", "paper-diff") and cfg.n_users < 2:
         raise ConfigError(f"n_users = {cfg.n_users} is too small for partition "
                           f"{cfg.partition!r}: it needs at least 2 users (two groups)")
-    if cfg.users_per_actor > cfg.n_users:
+    if (cfg.dataset == "synthetic") != (cfg.partition == "natural"):
+        raise ConfigError(f"partition = {cfg.partition!r} does not fit dataset = "
+                          f"{cfg.dataset!r}: dataset synthetic generates its own users and "
+                          f"needs partition: natural; the other data sets need paper, "
+                          f"paper-diff, iid or dirichlet")
+    if cfg.dataset == "synthetic" and cfg.model != "mlp":
+        raise ConfigError(f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
+                          f"plain features: use model: mlp")
+    if cfg.users_per_actor is not None and cfg.users_per_actor > cfg.n_users:
         raise ConfigError(f"users_per_actor = {cfg.users_per_actor} is larger than "
                           f"n_users = {cfg.n_users}: use at most n_users")
 

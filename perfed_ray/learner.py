@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from perfed_ray.algorithms import RULES, Batch, Params, StepSizes, adapt, local_update
+from perfed_ray.algorithms import (
+    RULES,
+    Batch,
+    Params,
+    StepSizes,
+    adapt,
+    local_update,
+    local_update_many,
+)
 from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
 from perfed_ray.models import cross_entropy_loss, predict
@@ -49,15 +57,29 @@ class LocalLearner:
         idx = torch.randperm(len(y), generator=gen)[: self.cfg.batch_size].to(y.device)
         return x[idx], y[idx]
 
+    def local_batches(self, shard: Shard, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh D, D', D'' for each of the tau steps of a round: x [tau, 3, B, ...]."""
+        gen = torch_generator(self.cfg.seed, Stream.LOCAL_TRAINING, shard.user, round_)
+        n, b = len(shard.y_train), self.cfg.batch_size
+        idx = torch.stack([torch.randperm(n, generator=gen)[:b]
+                           for _ in range(3 * self.cfg.tau)])
+        idx = idx.view(self.cfg.tau, 3, -1).to(shard.y_train.device)
+        return shard.x_train[idx], shard.y_train[idx]
+
     def train(self, params: Params, shard: Shard, round_: int) -> tuple[Params, float]:
         """tau local steps from the global model, each with fresh D, D', D''."""
-        gen = torch_generator(self.cfg.seed, Stream.LOCAL_TRAINING, shard.user, round_)
-        batches = [
-            tuple(self._batch(shard.x_train, shard.y_train, gen) for _ in range(3))
-            for _ in range(self.cfg.tau)
-        ]
-        params, loss = local_update(self.rule, self.loss, params, batches, self.steps)
+        x, y = self.local_batches(shard, round_)
+        params, loss = local_update(self.rule, self.loss, params, x, y, self.steps)
         return params, float(loss)
+
+    def train_many(self, params: Params, shards: list[Shard],
+                   round_: int) -> tuple[Params, torch.Tensor]:
+        """:meth:`train` for several users in one vectorised pass (the same draws);
+        parameters come back stacked along a leading user axis."""
+        batches = [self.local_batches(shard, round_) for shard in shards]
+        x = torch.stack([b[0] for b in batches])
+        y = torch.stack([b[1] for b in batches])
+        return local_update_many(self.rule, self.loss, params, x, y, self.steps)
 
     def _score(self, params: Params, shard: Shard) -> tuple[float, float]:
         logits = predict(self.model, params, shard.x_test)

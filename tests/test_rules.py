@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch.func import grad
 
-from perfed_ray.algorithms import RULES, StepSizes, adapt, hessian_vector_product, local_update
+from perfed_ray.algorithms import (
+    RULES,
+    StepSizes,
+    adapt,
+    hessian_vector_product,
+    local_update,
+    local_update_many,
+)
 from perfed_ray.algorithms.rules import perfedavg, perfedavg_hf, sgd
 from perfed_ray.models import build_model, cross_entropy_loss, params_of
 
@@ -21,6 +28,13 @@ def problem():
     batches = [(torch.randn(40, 16, dtype=torch.float64), torch.randint(0, 10, (40,)))
                for _ in range(3)]
     return loss, params, batches
+
+
+def _steps(triples):
+    """[(D, D', D''), ...] as the [tau, 3, B, ...] tensors local_update takes."""
+    x = torch.stack([torch.stack([b[0] for b in t]) for t in triples])
+    y = torch.stack([torch.stack([b[1] for b in t]) for t in triples])
+    return x, y
 
 
 def _distance(a, b) -> float:
@@ -80,7 +94,7 @@ def test_exact_direction_is_the_gradient_of_the_meta_function(problem):
 def test_alpha_zero_reduces_to_sgd_on_d_prime(problem, name):
     loss, w, (d, d1, d2) = problem
     s = StepSizes(alpha=0.0, beta=0.1)
-    new, _ = local_update(RULES[name], loss, w, [(d, d1, d2)], s)
+    new, _ = local_update(RULES[name], loss, w, *_steps([(d, d1, d2)]), s)
     expected = sgd(w, grad(loss)(w, *d1), 0.1)
     for k in w:
         torch.testing.assert_close(new[k], expected[k])
@@ -89,7 +103,7 @@ def test_alpha_zero_reduces_to_sgd_on_d_prime(problem, name):
 def test_fedavg_is_sgd_on_d_and_local_update_takes_tau_steps(problem):
     loss, w, (d, d1, d2) = problem
     s = StepSizes(alpha=0.01, beta=0.1)
-    new, mean_loss = local_update(RULES["fedavg"], loss, w, [(d, d1, d2), (d1, d, d2)], s)
+    new, mean_loss = local_update(RULES["fedavg"], loss, w, *_steps([(d, d1, d2), (d1, d, d2)]), s)
     step1 = sgd(w, grad(loss)(w, *d), 0.1)
     step2 = sgd(step1, grad(loss)(step1, *d1), 0.1)
     for k in w:
@@ -104,3 +118,18 @@ def test_adapt_is_one_sgd_step(problem):
     for k in w:
         torch.testing.assert_close(adapted[k], w[k] - 0.25 * g[k])
     assert loss(adapted, *d) < loss(w, *d)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_vectorised_update_of_many_users_matches_one_at_a_time(problem, name):
+    loss, w, _ = problem
+    s = StepSizes(alpha=0.05, beta=0.1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 3, 3, 40, 16, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 10, (4, 3, 3, 40), generator=gen)
+    many, losses = local_update_many(RULES[name], loss, w, x, y, s)
+    for u in range(4):
+        one, value = local_update(RULES[name], loss, w, x[u], y[u], s)
+        torch.testing.assert_close(losses[u], value)
+        for k in w:
+            torch.testing.assert_close(many[k][u], one[k])

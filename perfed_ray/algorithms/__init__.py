@@ -10,7 +10,8 @@ from perfed_ray.algorithms.rules import (
     adapt,
     hessian_vector_product,
     local_update,
+    local_update_many,
 )
 
 __all__ = ["RULES", "Batch", "LossFn", "Params", "Rule", "StepSizes", "adapt",
-           "hessian_vector_product", "local_update"]
+           "hessian_vector_product", "local_update", "local_update_many"]

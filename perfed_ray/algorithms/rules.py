@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.func import grad, grad_and_value, jvp
+from torch.func import grad, grad_and_value, jvp, vmap
 
 Params = dict[str, torch.Tensor]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -103,13 +103,26 @@ RULES: dict[str, Rule] = {
 }
 
 
-def local_update(rule: Rule, loss: LossFn, w: Params, batches: list[tuple[Batch, Batch, Batch]],
+def local_update(rule: Rule, loss: LossFn, w: Params, x: torch.Tensor, y: torch.Tensor,
                  s: StepSizes) -> tuple[Params, torch.Tensor]:
-    """tau local steps of eq. (7), one per (D, D', D'') triple; returns the final
-    iterate w_{k+1,tau} and the mean training loss f(w; D) over the steps."""
+    """tau local steps of eq. (7) from w; step t uses D = (x[t, 0], y[t, 0]),
+    D' = (x[t, 1], y[t, 1]), D'' = (x[t, 2], y[t, 2]), so x is [tau, 3, B, ...].
+
+    Returns the final iterate w_{k+1,tau} and the mean of f(w; D) over the
+    steps. Free of Python control flow on values, so `torch.func.vmap` runs it
+    for many users at once (see :func:`local_update_many`).
+    """
     losses = []
-    for d, d1, d2 in batches:
-        direction, value = rule(loss, w, d, d1, d2, s)
+    for t in range(x.shape[0]):
+        direction, value = rule(loss, w, (x[t, 0], y[t, 0]), (x[t, 1], y[t, 1]),
+                                (x[t, 2], y[t, 2]), s)
         w = sgd(w, direction, s.beta)
         losses.append(value)
     return w, torch.stack(losses).mean()
+
+
+def local_update_many(rule: Rule, loss: LossFn, w: Params, x: torch.Tensor, y: torch.Tensor,
+                      s: StepSizes) -> tuple[Params, torch.Tensor]:
+    """:func:`local_update` for U users at once from the same w: x is [U, tau, 3, B, ...];
+    returns parameters stacked along a leading user axis and U mean losses."""
+    return vmap(lambda xu, yu: local_update(rule, loss, w, xu, yu, s))(x, y)

@@ -39,6 +39,9 @@ RUNS_SCHEMA = pa.schema([
     ("ended_at", TIMESTAMP),
     ("wall_seconds", pa.float64()),
     ("rounds_done", pa.int64()),
+    ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
+    ("driver_peak_memory_bytes", pa.int64()),
+    ("actors_peak_memory_bytes", pa.int64()),
     ("n_actors", pa.int64()),
     ("actor_cpus", pa.float64()),
     ("actor_gpus", pa.float64()),

@@ -1,53 +1,89 @@
 """The Ray actor that hosts users: their shards stay here for the whole run.
 
-Only weights (in) and weights, losses and scores (out) cross the actor's
-boundary; the maths is the :class:`~perfed_ray.learner.LocalLearner`'s.
+Only weights (in) and a sum of weights, losses and scores (out) cross the
+actor's boundary; the maths is the :class:`~perfed_ray.learner.LocalLearner`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import ray
 import torch
 
 from perfed_ray.config import RunConfig
-from perfed_ray.data import DataArrays, UserIndices, load_dataset, materialise
+from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.learner import LocalLearner
 from perfed_ray.models import FlatParams, build_model, params_of
+
+
+@dataclass(frozen=True)
+class UpdateSum:
+    """An actor's part of a round: the sum of its users' new weights (float64, so the
+    server's total does not depend on the order in which actors answer) and how many
+    users it holds; per-user weights only when asked for."""
+
+    total: np.ndarray
+    count: int
+    loss_sum: float
+    per_user: dict[int, np.ndarray] | None = None
+
+
+def peak_memory_bytes() -> int:
+    """This process's peak resident memory (Linux VmHWM), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 @ray.remote
 class UserActor:
     """Hosts the shards of a block of users and runs their local work on its device."""
 
-    def __init__(self, cfg: RunConfig, users: list[UserIndices], data: DataArrays | None,
-                 num_cpus: float, num_gpus: float) -> None:
+    def __init__(self, cfg: RunConfig, users: list[int], source: ShardSource,
+                 data: DataArrays | None, num_cpus: float, num_gpus: float) -> None:
         torch.set_num_threads(max(1, int(num_cpus)))
         use_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
-        if data is None:  # data_transport: data_root, the actor reads the files itself
-            data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
-        self.shards = {idx.user: materialise(data, idx, self.device) for idx in users}
-        model = build_model(cfg.model, data.input_shape, data.n_classes).to(self.device)
+        self.shards = source.shards(users, self.device, data)
+        model = build_model(cfg.model, source.input_shape, source.n_classes).to(self.device)
         self.flat = FlatParams(params_of(model))
         self.learner = LocalLearner(cfg, model)
+        self.batch_users = cfg.batch_users
 
     def describe(self) -> dict[str, object]:
-        """Where this actor runs and what it holds (also tells the driver it is ready)."""
-        return {"device": str(self.device), "users": sorted(self.shards),
-                "node": ray.get_runtime_context().get_node_id()}
+        """Where this actor runs, what it holds, its peak memory (also: it is ready)."""
+        context = ray.get_runtime_context()
+        return {"device": str(self.device), "users": len(self.shards),
+                "node": context.get_node_id(), "gpus": context.get_accelerator_ids(),
+                "peak_memory_bytes": peak_memory_bytes()}
 
-    def train(self, weights: np.ndarray, users: list[int],
-              round_: int) -> list[tuple[int, np.ndarray, float]]:
-        """Local updates of the given users from the global weights: (user, weights, loss)."""
+    def train(self, weights: np.ndarray, users: list[int], round_: int,
+              per_user: bool = False) -> UpdateSum:
+        """Local updates of the given users from the global weights, summed."""
         start = self.flat.unflatten(weights, self.device)  # rules never modify it in place
-        out = []
-        for user in users:
-            params, loss = self.learner.train(start, self.shards[user], round_)
-            out.append((user, self.flat.flatten(params), loss))
-        return out
+        shards = [self.shards[u] for u in users]
+        if self.batch_users and len(users) > 1:
+            stacked, losses = self.learner.train_many(start, shards, round_)
+            updated = [{k: v[i] for k, v in stacked.items()} for i in range(len(users))]
+            loss_values = losses.tolist()
+        else:
+            results = [self.learner.train(start, shard, round_) for shard in shards]
+            updated = [params for params, _ in results]
+            loss_values = [loss for _, loss in results]
+        vectors = [self.flat.flatten(params) for params in updated]
+        total = np.zeros(self.flat.size, dtype=np.float64)
+        for vector in vectors:
+            total += vector
+        return UpdateSum(total, len(users), float(sum(loss_values)),
+                         dict(zip(users, vectors, strict=True)) if per_user else None)
 
     def evaluate(self, weights: np.ndarray, round_: int, draws: int) -> list[dict]:
         """Every hosted user's personalised scores for the global weights."""

@@ -52,7 +52,12 @@ class Coordinator:
         self.last_accuracy: tuple[int, float] | None = None
 
     def run_round(self, round_: int) -> dict:
-        """One round k: w_{k+1} = mean of the sampled users' w_{k+1,tau}."""
+        """One round k: w_{k+1} = mean of the sampled users' w_{k+1,tau}.
+
+        Actors return the sum of their users' weights; the sums are added as
+        they arrive (`ray.wait`), so the driver holds one model's worth of
+        partial results however many users or actors there are.
+        """
         start = time.perf_counter()
         users = sample_users(self.cfg.seed, round_, self.cfg.n_users, self.cfg.users_per_round)
         by_actor: dict[int, list[int]] = {}
@@ -60,17 +65,24 @@ class Coordinator:
             by_actor.setdefault(self.host_of[u], []).append(u)
         ref = ray.put(self.weights)
         pending = [self.actors[a].train.remote(ref, us, round_) for a, us in by_actor.items()]
-        results = {u: (w, loss) for batch in ray.get(pending) for u, w, loss in batch}
-        # The mean is taken in user order, so it does not depend on placement.
-        self.weights = np.mean([results[u][0] for u in users], axis=0, dtype=np.float32)
+        calls = len(pending)
+        total = np.zeros(self.weights.shape, dtype=np.float64)
+        loss_sum, received = 0.0, 0
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            part = ray.get(done[0])
+            total += part.total
+            loss_sum += part.loss_sum
+            received += part.total.nbytes
+        self.weights = (total / len(users)).astype(np.float32)
         return {
             "round": round_,
             "users": users,
             "n_sampled": len(users),
-            "train_loss": float(np.mean([results[u][1] for u in users])),
+            "train_loss": loss_sum / len(users),
             "wall_seconds": time.perf_counter() - start,
-            "bytes_sent": self.weights.nbytes * len(pending),
-            "bytes_received": sum(results[u][0].nbytes for u in users),
+            "bytes_sent": self.weights.nbytes * calls,
+            "bytes_received": received,
         }
 
     def evaluate(self, round_: int, final: bool) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from perfed_ray.config import RunConfig
@@ -21,24 +22,45 @@ class Placement:
         return {u: a for a, block in enumerate(self.blocks) for u in block}
 
 
-def plan(cfg: RunConfig, cluster: dict[str, float]) -> Placement:
-    """Place cfg.n_users users on actors of cfg.users_per_actor users each.
+def _fits(available: float, each: float) -> int:
+    return max(1, math.floor(available / each + 1e-9))
 
-    An `auto` resource request shares the cluster's CPUs (GPUs) evenly among
-    the actors, at most one each, so every actor can be alive at once: actors
-    hold their shards for the whole run and must never wait to be scheduled.
+
+def spread(n_users: int, n_actors: int) -> list[list[int]]:
+    """Users 0..n-1 in n_actors contiguous blocks whose sizes differ by at most one."""
+    n_actors = min(n_actors, n_users)
+    bounds = [round(i * n_users / n_actors) for i in range(n_actors + 1)]
+    return [list(range(bounds[i], bounds[i + 1])) for i in range(n_actors)]
+
+
+def plan(cfg: RunConfig, cluster: dict[str, float]) -> Placement:
+    """Place cfg.n_users users on actors.
+
+    `users_per_actor: auto` makes as many actors as the cluster runs at once
+    given each actor's request (one CPU unless configured, and the configured
+    GPU share), users spread evenly over them: Flower sizes its pool the same
+    way. An `auto` resource request shares the cluster's CPUs (GPUs) evenly
+    among the actors, at most one each, so every actor is alive at once:
+    actors hold their shards for the whole run and must never wait to be
+    scheduled. Ray packs fractional GPU requests onto one GPU before the next,
+    so equal shares that fill the cluster put actors on every GPU.
     """
-    k = cfg.users_per_actor
-    blocks = [list(range(s, min(s + k, cfg.n_users))) for s in range(0, cfg.n_users, k)]
+    cpus_total, gpus_total = cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
+    if cfg.users_per_actor is None:
+        n = _fits(cpus_total, cfg.num_cpus_per_actor or 1.0)
+        if cfg.num_gpus_per_actor:
+            n = min(n, _fits(gpus_total, cfg.num_gpus_per_actor))
+        blocks = spread(cfg.n_users, n)
+    else:
+        k = cfg.users_per_actor
+        blocks = [list(range(s, min(s + k, cfg.n_users))) for s in range(0, cfg.n_users, k)]
     n = len(blocks)
     cpus = cfg.num_cpus_per_actor
-    if cpus is None:
-        cpus = min(1.0, cluster.get("CPU", 1.0) / n)
     gpus = cfg.num_gpus_per_actor
-    if gpus is None:
-        gpus = min(1.0, cluster.get("GPU", 0.0) / n)
     # Ray accepts resource requests in units of 1e-4.
-    return Placement(blocks, _floor4(cpus), _floor4(gpus))
+    return Placement(blocks,
+                     _floor4(min(1.0, cpus_total / n) if cpus is None else cpus),
+                     _floor4(min(1.0, gpus_total / n) if gpus is None else gpus))
 
 
 def _floor4(x: float) -> float:

@@ -24,11 +24,20 @@ import torch
 
 import perfed_ray
 from perfed_ray.config import RunConfig
-from perfed_ray.data import DataArrays, UserIndices, load_dataset, partition, resolve_root
+from perfed_ray.data import (
+    DataArrays,
+    PartitionedShards,
+    ShardSource,
+    SyntheticShards,
+    UserIndices,
+    load_dataset,
+    partition,
+    resolve_root,
+)
 from perfed_ray.data.datasets import PAPER_A
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.results.writer import RunWriter
-from perfed_ray.runtime.actor import UserActor
+from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.coordinator import Coordinator, Progress
 from perfed_ray.runtime.placement import Placement, plan
 from perfed_ray.seeding import Stream, numpy_rng
@@ -36,11 +45,21 @@ from perfed_ray.seeding import Stream, numpy_rng
 
 @dataclass(frozen=True)
 class Prepared:
-    """A run's validated inputs: the data set and every user's indices."""
+    """A run's validated inputs: the data set (none for generated ones) and its users."""
 
     cfg: RunConfig
-    data: DataArrays
-    users: list[UserIndices]
+    data: DataArrays | None
+    users: list[UserIndices] | None
+
+    def source(self, block: list[int]) -> ShardSource:
+        """What the actor hosting `block` needs to build its shards: ids and seeds
+        or index sets, never samples."""
+        cfg = self.cfg
+        if self.data is None:
+            return SyntheticShards(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta)
+        return PartitionedShards(cfg.dataset, str(cfg.data_root), cfg.seed,
+                                 {u: self.users[u] for u in block}, self.data.input_shape,
+                                 self.data.n_classes)
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -49,16 +68,18 @@ def prepare(cfg: RunConfig) -> Prepared:
     `auto` values that depend on the data are resolved here, so the stored
     configuration says what the run actually used.
     """
+    if cfg.dataset == "synthetic":
+        return Prepared(cfg, None, None)
     cfg = cfg.replace(data_root=str(resolve_root(cfg.data_root)),
                       paper_a=cfg.paper_a or PAPER_A[cfg.dataset])
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
     return Prepared(cfg, data, partition(cfg, data))
 
 
-def initial_weights(cfg: RunConfig, data: DataArrays) -> np.ndarray:
+def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
     """w_0: PyTorch's default initialisation, drawn from the run's seed."""
     init_seed = int(numpy_rng(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-    model = build_model(cfg.model, data.input_shape, data.n_classes, seed=init_seed)
+    model = build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
     params = params_of(model)
     return FlatParams(params).flatten(params)
 
@@ -69,13 +90,16 @@ def new_run_id(cfg: RunConfig) -> str:
 
 
 def start_actors(prepared: Prepared, placement: Placement) -> list[ray.actor.ActorHandle]:
-    """One actor per block of users; waits until every actor holds its shards."""
+    """One actor per block of users, spread over the cluster's nodes; waits until
+    every actor holds its shards."""
     cfg = prepared.cfg
-    data_ref = ray.put(prepared.data) if cfg.data_transport == "object_store" else None
+    shared = prepared.data is not None and cfg.data_transport == "object_store"
+    data_ref = ray.put(prepared.data) if shared else None
     actors = [
-        UserActor.options(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus).remote(
-            cfg, [prepared.users[u] for u in block], data_ref,
-            placement.num_cpus, placement.num_gpus)
+        UserActor.options(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
+                          scheduling_strategy="SPREAD").remote(
+            cfg, block, prepared.source(block), data_ref, placement.num_cpus,
+            placement.num_gpus)
         for block in placement.blocks
     ]
     ray.get([a.describe.remote() for a in actors])
@@ -92,6 +116,13 @@ def _versions() -> dict[str, str]:
         "numpy_version": np.__version__,
         "pyarrow_version": pyarrow.__version__,
     }
+
+
+def _peak_memory(actors: list[ray.actor.ActorHandle]) -> dict[str, int]:
+    """Peak resident memory of the driver and of all actors together."""
+    described = ray.get([a.describe.remote() for a in actors])
+    return {"driver_peak_memory_bytes": peak_memory_bytes(),
+            "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in described)}
 
 
 def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] | None = None,
@@ -113,10 +144,12 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     coordinator = None
     try:
         actors = start_actors(prepared, placement)
-        coordinator = Coordinator(cfg, actors, placement, initial_weights(cfg, prepared.data),
-                                  writer, on_progress)
+        row["startup_seconds"] = time.perf_counter() - clock
+        coordinator = Coordinator(cfg, actors, placement,
+                                  initial_weights(cfg, prepared.source([])), writer, on_progress)
         coordinator.run()
         row["status"] = "finished"
+        row.update(_peak_memory(actors))
     except BaseException as err:
         row["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
         row["error"] = f"{type(err).__name__}: {err}"

@@ -1,0 +1,67 @@
+"""Where an actor's shards come from: a partitioned data set, or a generator.
+
+A source is what the driver hands an actor so it can build its users'
+shards itself; it carries indices or seeds, never samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from perfed_ray.data.datasets import DataArrays, load_dataset
+from perfed_ray.data.partition import UserIndices
+from perfed_ray.data.shards import Shard, materialise
+from perfed_ray.data.synthetic import CLASSES, FEATURES, synthetic_user
+
+
+class ShardSource(Protocol):
+    """Builds the shards of the given users inside the actor that hosts them."""
+
+    input_shape: tuple[int, int, int]
+    n_classes: int
+
+    def shards(self, users: list[int], device: torch.device,
+               data: DataArrays | None) -> dict[int, Shard]: ...
+
+
+@dataclass(frozen=True)
+class PartitionedShards:
+    """Users' index sets into a data set that is either shared through the object
+    store (`data` given) or read from the data root by the actor itself."""
+
+    dataset: str
+    data_root: str
+    seed: int
+    indices: dict[int, UserIndices]
+    input_shape: tuple[int, int, int]
+    n_classes: int
+
+    def shards(self, users: list[int], device: torch.device,
+               data: DataArrays | None) -> dict[int, Shard]:
+        if data is None:
+            data = load_dataset(self.dataset, self.data_root, False, self.seed)
+        return {u: materialise(data, self.indices[u], device) for u in users}
+
+
+@dataclass(frozen=True)
+class SyntheticShards:
+    """Synthetic(alpha, beta) users, generated from the seed and their ids."""
+
+    seed: int
+    alpha: float
+    beta: float
+    input_shape: tuple[int, int, int] = (1, 1, FEATURES)
+    n_classes: int = CLASSES
+
+    def shards(self, users: list[int], device: torch.device,
+               data: DataArrays | None) -> dict[int, Shard]:
+        out = {}
+        for u in users:
+            x_train, y_train, x_test, y_test = synthetic_user(self.seed, self.alpha,
+                                                              self.beta, u)
+            out[u] = Shard(u, "all", *(torch.from_numpy(a).to(device)
+                                       for a in (x_train, y_train, x_test, y_test)))
+        return out
