@@ -1,0 +1,34 @@
+"""What every benchmark records: the machine and versions, and where results go."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from pathlib import Path
+
+import pandas as pd
+import ray
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def machine() -> dict[str, object]:
+    """The facts a reader needs to compare figures across machines."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = next((line.split(":", 1)[1].strip() for line in lines
+                if line.startswith("model name")), platform.processor())
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+            "python": platform.python_version(), "torch": torch.__version__,
+            "ray": ray.__version__}
+
+
+def save(rows: list[dict], name: str) -> Path:
+    """Write one benchmark's rows (with the machine) to results/<name>.parquet."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.parquet"
+    pd.DataFrame([{**machine(), **row} for row in rows]).to_parquet(path, index=False)
+    return path

@@ -1,0 +1,81 @@
+"""Placement planning, Synthetic(alpha, beta) users and a generated-data run on Ray."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.data.synthetic import synthetic_user
+from perfed_ray.runtime import simulation
+from perfed_ray.runtime.placement import plan, spread
+
+
+def test_auto_placement_sizes_the_pool_from_the_cluster():
+    cfg = from_mapping({"n_users": 10_000, "users_per_actor": "auto"})
+    p = plan(cfg, {"CPU": 2.0})
+    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (2, 1.0, 0.0)
+    assert [len(b) for b in p.blocks] == [5000, 5000]
+    p = plan(cfg, {"CPU": 16.0, "GPU": 2.0})
+    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (16, 1.0, 0.125)
+    p = plan(cfg.replace(num_gpus_per_actor=0.5), {"CPU": 16.0, "GPU": 2.0})
+    assert (len(p.blocks), p.num_gpus) == (4, 0.5)
+    p = plan(cfg.replace(num_cpus_per_actor=0.25), {"CPU": 2.0})
+    assert len(p.blocks) == 8
+
+
+def test_fixed_users_per_actor_shares_the_cluster_among_actors():
+    p = plan(from_mapping({"n_users": 50, "users_per_actor": 1}), {"CPU": 2.0, "GPU": 1.0})
+    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (50, 0.04, 0.02)
+    p = plan(from_mapping({"n_users": 50, "users_per_actor": 25}), {"CPU": 2.0})
+    assert (len(p.blocks), p.num_cpus) == (2, 1.0)
+
+
+def test_spread_covers_every_user_once_in_near_equal_blocks():
+    blocks = spread(10, 3)
+    assert sorted(u for b in blocks for u in b) == list(range(10))
+    assert {len(b) for b in blocks} <= {3, 4}
+    assert spread(2, 5) == [[0], [1]]
+
+
+def test_synthetic_users_are_a_function_of_seed_and_id():
+    a = synthetic_user(0, 1.0, 1.0, 7)
+    b = synthetic_user(0, 1.0, 1.0, 7)
+    c = synthetic_user(0, 1.0, 1.0, 8)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not np.array_equal(a[0][:5], c[0][:5])
+    sizes = [len(synthetic_user(0, 1.0, 1.0, u)[1]) + len(synthetic_user(0, 1.0, 1.0, u)[3])
+             for u in range(200)]
+    assert min(sizes) >= 50 and max(sizes) > 5 * np.median(sizes)  # power law
+    x_train, y_train, _, _ = a
+    assert x_train.shape[1] == 60 and x_train.dtype == np.float32
+    assert set(np.unique(y_train)) <= set(range(10))
+
+
+def test_synthetic_needs_its_natural_partition():
+    with pytest.raises(ConfigError, match="needs partition: natural"):
+        from_mapping({"dataset": "synthetic"})
+    with pytest.raises(ConfigError, match="does not fit"):
+        from_mapping({"dataset": "mnist", "partition": "natural"})
+
+
+def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
+    cfg = from_mapping({"dataset": "synthetic", "partition": "natural", "n_users": 40,
+                        "fraction": 0.25, "rounds": 6, "eval_every": 3, "tau": 5,
+                        "beta": 0.05, "alpha": 0.01, "users_per_actor": "auto",
+                        "final_eval_draws": 1})
+    prepared = simulation.prepare(cfg)
+    assert prepared.data is None  # nothing about the data on the driver
+    simulation.run(prepared, tmp_path)
+    evals = pd.read_parquet(tmp_path / "evals")
+    final = evals[evals["final"]].set_index("user")
+    for u in (0, 17, 39):
+        x_train, _, x_test, _ = synthetic_user(0, 1.0, 1.0, u)
+        assert final.loc[u, "n_train"] == len(x_train) and final.loc[u, "n_test"] == len(x_test)
+    runs = pd.read_parquet(tmp_path / "runs")
+    assert runs["n_actors"].iloc[0] == 2
+    assert runs["startup_seconds"].iloc[0] > 0
+    assert runs["actors_peak_memory_bytes"].iloc[0] > runs["driver_peak_memory_bytes"].iloc[0] / 10
+    acc = evals.groupby("round")["acc_after"].mean()
+    assert acc[6] > acc[0]
