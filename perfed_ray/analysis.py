@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.dataset as ds
+
+from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = ["dataset", "partition", "algorithm", "tau", "alpha", "beta", "n_users",
                "fraction", "rounds"]
@@ -48,13 +51,16 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
 
 
 def read_table(out: str | Path, table: str) -> pd.DataFrame:
-    """One results table across every run under `out` (empty if there is none yet)."""
+    """One results table across every run under `out` (empty if there is none yet).
+
+    Reads with the current schema, so files written before a column existed
+    read back with nulls there instead of hiding the column.
+    """
     folder = Path(out) / table
     if not folder.is_dir() or not any(folder.glob("run_id=*/*.parquet")):
         return pd.DataFrame()
-    frame = pd.read_parquet(folder)
-    frame["run_id"] = frame["run_id"].astype(str)
-    return frame
+    return ds.dataset(folder, schema=table_schema(table), partitioning="hive").to_table(
+        ).to_pandas()
 
 
 def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:

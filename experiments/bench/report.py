@@ -61,11 +61,18 @@ def scale_section() -> list[str]:
             _markdown(frame[[*cols, "round_time_vs_smallest", "all_processes_gb"]])]
 
 
+GPU = """## GPU
+
+Not measured yet: the session that wrote these benchmarks had no GPU machine. On
+one, the same two commands measure it (actors then ask for an equal fraction of
+the GPUs each: `num_gpus_per_actor: auto`), and the machine line names the GPU."""
+
+
 def write_report() -> None:
     lines = ["# Benchmarks", "", "Made by `python experiments/bench/report.py` from "
              "`experiments/bench/results/*.parquet`; each section names the command that "
              "measured it. Figures are from the machine named in each section.", "", TARGETS,
-             "", *throughput_section(), "", *scale_section(), ""]
+             "", *throughput_section(), "", *scale_section(), "", GPU, ""]
     (HERE / "BENCHMARKS.md").write_text("\n".join(lines))
 
 

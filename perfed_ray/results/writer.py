@@ -82,6 +82,11 @@ EVALS_SCHEMA = pa.schema([
 TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA}
 
 
+def table_schema(name: str) -> pa.Schema:
+    """A table's full schema as read back: configuration, its own columns, run_id."""
+    return pa.unify_schemas([CONFIG_SCHEMA, TABLES[name], pa.schema([("run_id", pa.string())])])
+
+
 def write_atomically(table: pa.Table, path: Path) -> None:
     """Write a Parquet file so that readers see all of it or none of it."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -105,7 +110,7 @@ class RunWriter:
         return self.out / table / f"run_id={self.run_id}"
 
     def _table(self, name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])
+        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])  # run_id: the folder
         full = [{**self.config, **row} for row in rows]
         return pa.Table.from_pylist(full, schema=schema)
 
