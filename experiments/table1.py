@@ -47,8 +47,8 @@ def run_row(row: str, algorithms: list[str], out: Path, overrides: list[str]) ->
 def summarise(out: Path) -> str:
     runs = read_table(out, "runs")
     final = final_accuracy(read_table(out, "evals"))
-    table = final.merge(runs[["run_id", "status", "wall_seconds", "n_actors", "users_per_actor",
-                              "hostname"]], on="run_id")
+    table = final.merge(runs[["run_id", "status", "wall_seconds", "startup_seconds", "n_actors",
+                              "batch_users", "hostname"]], on="run_id")
     lines = [
         "# Table 1 reproductions",
         "",
@@ -65,7 +65,7 @@ def summarise(out: Path) -> str:
         "seed-to-seed variation. The paper's figures are quoted from its Table 1.",
         "",
         "| dataset | partition | tau | alpha | algorithm | seed | rounds | accuracy % (95% CI) "
-        "| draws | before adapt. % | paper % | wall | actors | host |",
+        "| draws | before adapt. % | paper % | wall (start-up) | actors | host |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     table = table.sort_values(["dataset", "partition", "tau", "alpha", "algorithm", "seed"],
@@ -79,8 +79,8 @@ def summarise(out: Path) -> str:
             f"{r['algorithm']} | {r['seed']} | {r['round']}/{r['rounds']} "
             f"({r['status']}) | {100 * r['accuracy']:.2f} ± {100 * r['ci95']:.2f} | "
             f"{r['draws']} | {100 * r['acc_before']:.2f} | {ref} | "
-            f"{r['wall_seconds'] / 60:.1f} min | {r['n_actors']} x {r['users_per_actor']} "
-            f"users | {r['hostname']} |")
+            f"{r['wall_seconds'] / 60:.1f} min ({r['startup_seconds']:.0f} s) | "
+            f"{r['n_actors']}{', vmap' if r['batch_users'] else ''} | {r['hostname']} |")
     return "\n".join(lines) + "\n"
 
 
