@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfed_ray.analysis import final_accuracy, read_table
+from perfed_ray.analysis import summary
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "table1"
@@ -45,10 +45,10 @@ def run_row(row: str, algorithms: list[str], out: Path, overrides: list[str]) ->
 
 
 def summarise(out: Path) -> str:
-    runs = read_table(out, "runs")
-    final = final_accuracy(read_table(out, "evals"))
-    table = final.merge(runs[["run_id", "status", "wall_seconds", "startup_seconds", "n_actors",
-                              "batch_users", "hostname"]], on="run_id")
+    table = summary(out)
+    if "accuracy" not in table:
+        raise SystemExit(f"no finished evaluations under {out}: run some rows first")
+    table = table.dropna(subset=["accuracy"])
     lines = [
         "# Table 1 reproductions",
         "",
@@ -76,7 +76,7 @@ def summarise(out: Path) -> str:
                if paper and r["algorithm"] in ALGORITHMS else "-")
         lines.append(
             f"| {r['dataset']} | {r['partition']} | {r['tau']} | {r['alpha']:g} | "
-            f"{r['algorithm']} | {r['seed']} | {r['round']}/{r['rounds']} "
+            f"{r['algorithm']} | {r['seed']} | {r['round']:.0f}/{r['rounds']} "
             f"({r['status']}) | {100 * r['accuracy']:.2f} ± {100 * r['ci95']:.2f} | "
             f"{r['draws']} | {100 * r['acc_before']:.2f} | {ref} | "
             f"{r['wall_seconds'] / 60:.1f} min ({r['startup_seconds']:.0f} s) | "

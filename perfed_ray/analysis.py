@@ -87,14 +87,15 @@ def summary(out: str | Path) -> pd.DataFrame:
     if runs.empty:
         return runs
     cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", "seed", "status",
-            "rounds_done", "rounds", "wall_seconds"]
+            "rounds_done", "rounds", "wall_seconds", "startup_seconds", "n_actors",
+            "batch_users", "hostname"]
     table = runs[cols]
     evals = read_table(out, "evals")
     if not evals.empty:
         acc = final_accuracy(evals)
         if not acc.empty:
-            table = table.merge(acc[["run_id", "accuracy", "ci95", "draws", "acc_before"]],
-                                on="run_id", how="left")
+            table = table.merge(acc[["run_id", "round", "accuracy", "ci95", "draws",
+                                     "acc_before"]], on="run_id", how="left")
     return table.sort_values("run_id").reset_index(drop=True)
 
 

@@ -118,7 +118,7 @@ class RunConfig:
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
-def _base_type(f: dataclasses.Field) -> type:
+def base_type(f: dataclasses.Field) -> type:
     """The non-None type of a field (`int | None` -> int)."""
     kind = str(f.type).split("|")[0].strip()
     return {"str": str, "int": int, "float": float, "bool": bool}[kind]
@@ -128,7 +128,7 @@ def _coerce(key: str, value: Any) -> Any:
     """Check one value's type, range and choices; return it in its canonical form."""
     f = FIELDS[key]
     meta = f.metadata
-    kind = _base_type(f)
+    kind = base_type(f)
     if meta["auto"] and (value is None or value == "auto"):
         return None
     allowed = _describe(key)
@@ -170,7 +170,7 @@ def _describe(key: str) -> str:
     """What a key accepts, in words, for error messages and the docs."""
     f = FIELDS[key]
     meta = f.metadata
-    kind = _base_type(f)
+    kind = base_type(f)
     if meta["choices"]:
         text = "one of " + ", ".join(meta["choices"])
     elif kind is bool:

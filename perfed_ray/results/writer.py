@@ -24,13 +24,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from perfed_ray.config import FIELDS, RunConfig
+from perfed_ray.config import FIELDS, RunConfig, base_type
 
-_ARROW = {"str": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 CONFIG_SCHEMA = pa.schema(
-    [(name, _ARROW[str(f.type).split("|")[0].strip()]) for name, f in FIELDS.items()])
+    [(name, _ARROW[base_type(f)]) for name, f in FIELDS.items()])
 
 RUNS_SCHEMA = pa.schema([
     ("status", pa.string()),  # running, finished, failed, interrupted
