@@ -66,12 +66,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.n_users} "
           f"users, {cfg.users_per_round} per round, {cfg.rounds} rounds", file=sys.stderr)
     from perfed_ray.runtime import simulation  # imports Ray and torch: after validation
+    from perfed_ray.runtime.coordinator import Diverged
 
     prepared = simulation.prepare(cfg)
     run_id = simulation.new_run_id(cfg)
     print(f"run {run_id}: results under {out}/", file=sys.stderr)
     try:
         simulation.run(prepared, out, None if args.quiet else ProgressDisplay(run_id), run_id)
+    except Diverged as err:
+        print(f"\nerror: run {run_id}: {err}\n  it is marked 'diverged' in {out}/runs; rows up "
+              f"to round {err.round - 1} are kept", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"\ninterrupted: run {run_id} is marked 'interrupted'; rows written so far are "
               f"under {out}/", file=sys.stderr)

@@ -108,3 +108,19 @@ def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
     assert evals.groupby("user")["n_test"].first().tolist() == [160, 160, 80, 80]
     assert evals.groupby("user")["n_train"].first().tolist() == [980, 980, 490, 490]
     assert pd.read_parquet(tmp_path / "runs")["paper_a"].iloc[0] == 196
+
+
+def test_divergence_stops_the_run_naming_round_and_users(ray_session, tmp_path):
+    from perfed_ray.runtime.coordinator import Diverged
+
+    with pytest.raises(Diverged, match=r"training diverged in round (\d+): NaN or infinite") as err:
+        # A step size this large blows up in round 2 on this data and seed.
+        _run(tmp_path, beta=2.0, rounds=6, eval_every=6, users_per_actor=3)
+    assert err.value.round == 2
+    runs = pd.read_parquet(tmp_path / "runs")
+    assert runs["status"].iloc[0] == "diverged"
+    assert "round 2" in runs["error"].iloc[0]
+    assert runs["rounds_done"].iloc[0] == 1
+    assert err.value.users and set(err.value.users) <= set(range(6))
+    # The round before the divergence is kept (flushed on the way out), and only it.
+    assert pd.read_parquet(tmp_path / "rounds")["round"].tolist() == [1]

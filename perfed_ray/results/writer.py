@@ -33,7 +33,7 @@ CONFIG_SCHEMA = pa.schema(
     [(name, _ARROW[base_type(f)]) for name, f in FIELDS.items()])
 
 RUNS_SCHEMA = pa.schema([
-    ("status", pa.string()),  # running, finished, failed, interrupted
+    ("status", pa.string()),  # running, finished, failed, diverged, interrupted
     ("error", pa.string()),
     ("started_at", TIMESTAMP),
     ("ended_at", TIMESTAMP),

@@ -25,6 +25,18 @@ def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
     return sorted(int(u) for u in rng.choice(n_users, size=m, replace=False))
 
 
+class Diverged(RuntimeError):
+    """Local training produced NaN or infinite weights or losses."""
+
+    def __init__(self, round_: int, users: list[int]) -> None:
+        shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
+        super().__init__(f"training diverged in round {round_}: NaN or infinite weights or "
+                         f"losses from users {shown} (actors holding them); the global model "
+                         f"of round {round_ - 1} is the last good one; lower beta or alpha")
+        self.round = round_
+        self.users = users
+
+
 @dataclass(frozen=True)
 class Progress:
     """What the coordinator reports after each round."""
@@ -67,13 +79,18 @@ class Coordinator:
         pending = [self.actors[a].train.remote(ref, us, round_) for a, us in by_actor.items()]
         calls = len(pending)
         total = np.zeros(self.weights.shape, dtype=np.float64)
-        loss_sum, received = 0.0, 0
+        loss_sum, received, diverged = 0.0, 0, []
+        users_of = dict(zip(pending, by_actor.values(), strict=True))
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             part = ray.get(done[0])
+            if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
+                diverged += users_of[done[0]]
             total += part.total
             loss_sum += part.loss_sum
             received += part.total.nbytes
+        if diverged:
+            raise Diverged(round_, sorted(diverged))
         self.weights = (total / len(users)).astype(np.float32)
         return {
             "round": round_,

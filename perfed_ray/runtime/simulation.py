@@ -38,7 +38,7 @@ from perfed_ray.data.datasets import PAPER_A
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
-from perfed_ray.runtime.coordinator import Coordinator, Progress
+from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress
 from perfed_ray.runtime.placement import Placement, plan
 from perfed_ray.seeding import Stream, numpy_rng
 
@@ -151,7 +151,8 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         row["status"] = "finished"
         row.update(_peak_memory(actors))
     except BaseException as err:
-        row["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        row["status"] = ("interrupted" if isinstance(err, KeyboardInterrupt) else
+                         "diverged" if isinstance(err, Diverged) else "failed")
         row["error"] = f"{type(err).__name__}: {err}"
         raise
     finally:
