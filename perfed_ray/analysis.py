@@ -50,7 +50,7 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(half)
 
 
-def read_table(out: str | Path, table: str) -> pd.DataFrame:
+def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.DataFrame:
     """One results table across every run under `out` (empty if there is none yet).
 
     Reads with the current schema, so files written before a column existed
@@ -59,8 +59,10 @@ def read_table(out: str | Path, table: str) -> pd.DataFrame:
     folder = Path(out) / table
     if not folder.is_dir() or not any(folder.glob("run_id=*/*.parquet")):
         return pd.DataFrame()
-    return ds.dataset(folder, schema=table_schema(table), partitioning="hive").to_table(
-        ).to_pandas()
+    data = ds.dataset(folder, schema=table_schema(table), partitioning="hive")
+    # With a run id, only that run's folder is read (partition pruning).
+    return data.to_table(filter=None if run_id is None else ds.field("run_id") == run_id
+                         ).to_pandas()
 
 
 def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
@@ -81,16 +83,16 @@ def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summary(out: str | Path) -> pd.DataFrame:
-    """One row per run: its configuration, status, wall time and final accuracy."""
-    runs = read_table(out, "runs")
+def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
+    """One row per run (or for one run): configuration, status, wall time, final accuracy."""
+    runs = read_table(out, "runs", run_id)
     if runs.empty:
         return runs
     cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", "seed", "status",
             "rounds_done", "rounds", "wall_seconds", "startup_seconds", "n_actors",
             "batch_users", "hostname"]
     table = runs[cols]
-    evals = read_table(out, "evals")
+    evals = read_table(out, "evals", run_id)
     if not evals.empty:
         acc = final_accuracy(evals)
         if not acc.empty:

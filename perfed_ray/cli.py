@@ -89,15 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"  it is marked 'failed' in {out}/runs; rows written so far are kept; "
               f"traceback in {log}", file=sys.stderr)
         return 1
-    _print_table(_final_rows(out, run_id), markdown=False)
-    return 0
-
-
-def _final_rows(out: Path, run_id: str):
     from perfed_ray.analysis import summary
 
-    table = summary(out)
-    return table[table["run_id"] == run_id]
+    _print_table(summary(out, run_id), markdown=False)
+    return 0
 
 
 def _print_table(table, markdown: bool) -> None:

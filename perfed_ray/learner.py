@@ -52,16 +52,18 @@ class LocalLearner:
         self.loss = cross_entropy_loss(model)
         self.steps = StepSizes(cfg.alpha, cfg.beta, cfg.delta)
 
+    def _indices(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """One batch of indices, drawn uniformly without replacement from range(n)."""
+        return torch.randperm(n, generator=gen)[: self.cfg.batch_size]
+
     def _batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> Batch:
-        """A batch drawn uniformly without replacement from (x, y)."""
-        idx = torch.randperm(len(y), generator=gen)[: self.cfg.batch_size].to(y.device)
+        idx = self._indices(len(y), gen).to(y.device)
         return x[idx], y[idx]
 
     def local_batches(self, shard: Shard, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh D, D', D'' for each of the tau steps of a round: x [tau, 3, B, ...]."""
         gen = torch_generator(self.cfg.seed, Stream.LOCAL_TRAINING, shard.user, round_)
-        n, b = len(shard.y_train), self.cfg.batch_size
-        idx = torch.stack([torch.randperm(n, generator=gen)[:b]
+        idx = torch.stack([self._indices(len(shard.y_train), gen)
                            for _ in range(3 * self.cfg.tau)])
         idx = idx.view(self.cfg.tau, 3, -1).to(shard.y_train.device)
         return shard.x_train[idx], shard.y_train[idx]

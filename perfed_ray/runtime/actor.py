@@ -73,17 +73,17 @@ class UserActor:
         if self.batch_users and len(users) > 1:
             stacked, losses = self.learner.train_many(start, shards, round_)
             updated = [{k: v[i] for k, v in stacked.items()} for i in range(len(users))]
-            loss_values = losses.tolist()
+            loss_sum = float(losses.sum())
         else:
             results = [self.learner.train(start, shard, round_) for shard in shards]
             updated = [params for params, _ in results]
-            loss_values = [loss for _, loss in results]
-        vectors = [self.flat.flatten(params) for params in updated]
-        total = np.zeros(self.flat.size, dtype=np.float64)
-        for vector in vectors:
-            total += vector
-        return UpdateSum(total, len(users), float(sum(loss_values)),
-                         dict(zip(users, vectors, strict=True)) if per_user else None)
+            loss_sum = sum(loss for _, loss in results)
+        # The sum is taken in float64 in user order, one leaf at a time, before flattening.
+        total = self.flat.flatten({k: torch.stack([p[k].double() for p in updated]).sum(0)
+                                   for k in start})
+        per = ({u: self.flat.flatten(p) for u, p in zip(users, updated, strict=True)}
+               if per_user else None)
+        return UpdateSum(total, len(users), loss_sum, per)
 
     def evaluate(self, weights: np.ndarray, round_: int, draws: int) -> list[dict]:
         """Every hosted user's personalised scores for the global weights."""
