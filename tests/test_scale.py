@@ -89,8 +89,8 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     from perfed_ray.models import FlatParams, build_model, params_of
     from perfed_ray.runtime.placement import Placement
 
-    cfg = from_mapping({"dataset": "gaussian", "n_users": 4, "tau": 3, "alpha": 0.05,
-                        "algorithm": "perfedavg", "batch_users": True})
+    cfg = from_mapping({"dataset": "gaussian", "n_users": 4, "fraction": 0.5, "tau": 3,
+                        "alpha": 0.05, "algorithm": "perfedavg", "batch_users": True})
     prepared = simulation.prepare(cfg)
     actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
