@@ -65,10 +65,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out(out)
     print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.n_users} "
           f"users, {cfg.users_per_round} per round, {cfg.rounds} rounds", file=sys.stderr)
-    from perfed_ray.runtime import simulation  # imports Ray and torch: after validation
+    from perfed_ray.runtime import connect, simulation  # Ray and torch: after validation
     from perfed_ray.runtime.coordinator import Diverged
 
     prepared = simulation.prepare(cfg)
+    address = connect.cluster_address(args.address)
+    if address:
+        connect.connect(address)
     run_id = simulation.new_run_id(cfg)
     print(f"run {run_id}: results under {out}/", file=sys.stderr)
     try:
@@ -127,6 +130,8 @@ def parser() -> argparse.ArgumentParser:
                      help="override one configuration value (repeatable)")
     run.add_argument("--out", default="results", help="results folder (default: results/)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--address", help="join the Ray cluster at auto, HOST:PORT or "
+                     "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)")
     run.set_defaults(func=cmd_run)
     summ = sub.add_parser("summary", help="final personalised accuracy of every run in DIR")
     summ.add_argument("dir", help="results folder")
