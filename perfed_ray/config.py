@@ -101,12 +101,24 @@ class RunConfig:
     num_gpus_per_actor: float | None = _opt(
         None, "GPUs each actor asks Ray for (fractions allowed); auto: the cluster's GPUs "
         "shared among the actors, at most 1, or 0 without GPUs", low=0, auto=True)
+    checkpoint_every: int = _opt(
+        20, "write a checkpoint (global model, round, result file counts) every this many "
+        "rounds and at the end; `--resume` continues from the last one", low=1)
+    actor_retries: int = _opt(
+        3, "times an actor that dies during a round is replaced and its users' work re-run "
+        "before the run stops", low=0)
+    dropout: float = _opt(
+        0.0, "chance that a sampled user drops out of a round (does not report); simulates "
+        "partial participation, recorded in `events`", low=0, high=1)
+    stragglers: float = _opt(
+        0.0, "chance that a sampled user that did not drop out reports after the round's "
+        "deadline and is cut; recorded in `events`", low=0, high=1)
     tag: str = _opt("", "free-form label stored with the results")
 
     @property
     def users_per_round(self) -> int:
-        """m = max(1, round(r n)), the number of users sampled each round."""
-        return max(1, round(self.fraction * self.n_users))
+        """m = round(r n), the number of users sampled each round (r n >= 1 is checked)."""
+        return round(self.fraction * self.n_users)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -216,6 +228,10 @@ def _check_combination(cfg: RunConfig) -> None:
     if cfg.dataset == "synthetic" and cfg.model != "mlp":
         raise ConfigError(f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
                           f"plain features: use model: mlp")
+    if cfg.fraction * cfg.n_users < 1:
+        raise ConfigError(f"fraction * n_users = {cfg.fraction} * {cfg.n_users} = "
+                          f"{cfg.fraction * cfg.n_users:g} samples no user per round: raise "
+                          f"fraction to at least {1 / cfg.n_users:g} or n_users")
     if cfg.users_per_actor is not None and cfg.users_per_actor > cfg.n_users:
         raise ConfigError(f"users_per_actor = {cfg.users_per_actor} is larger than "
                           f"n_users = {cfg.n_users}: use at most n_users")

@@ -23,6 +23,7 @@ class Stream(enum.IntEnum):
     LOCAL_TRAINING = 3
     EVALUATION = 4
     DATA = 5
+    PARTICIPATION = 6
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

@@ -92,7 +92,7 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     cfg = from_mapping({"dataset": "gaussian", "n_users": 4, "tau": 3, "alpha": 0.05,
                         "algorithm": "perfedavg", "batch_users": True})
     prepared = simulation.prepare(cfg)
-    [actor] = simulation.start_actors(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))
+    actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
     weights = simulation.initial_weights(cfg, source)
     result = ray_session.get(actor.train.remote(weights, [0, 2, 3], 5, per_user=True))

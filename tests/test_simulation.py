@@ -97,7 +97,7 @@ def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
 
 
 def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
-    cfg = from_mapping({"dataset": "mnist", "n_users": 4, "rounds": 2, "tau": 2,
+    cfg = from_mapping({"dataset": "mnist", "n_users": 4, "fraction": 0.25, "rounds": 2, "tau": 2,
                         "eval_every": 1, "final_eval_draws": 2,
                         "data_transport": "data_root", "users_per_actor": 2})
     prepared = simulation.prepare(cfg)

@@ -3,27 +3,31 @@
 Layout under the output folder (hive-partitioned by run, so
 ``pandas.read_parquet("results/evals")`` reads every run in one call)::
 
-    runs/run_id=<id>/part-0.parquet       one row per run (rewritten at the end)
+    runs/run_id=<id>/part-0.parquet       one row per run (rewritten as its status changes)
     rounds/run_id=<id>/part-<n>.parquet   one row per round
     evals/run_id=<id>/part-<n>.parquet    one row per user, evaluation and draw
+    events/run_id=<id>/part-<n>.parquet   failures, replacements, drop-outs, stragglers
+    actors/run_id=<id>/part-<n>.parquet   which node, process and GPU hosted which users
 
 Every row carries every configuration value as a column, with one fixed
 Arrow type per column (from :class:`~perfed_ray.config.RunConfig`), so files
 of different runs always read back as one table. Each part file is written
 under a dot-name that readers skip and then renamed into place, so a crash
-at any instant leaves only complete files behind.
+at any instant leaves only complete files behind; the part files a checkpoint
+has not yet counted are removed when a run is resumed (:meth:`RunWriter.resume`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from perfed_ray import faults
 from perfed_ray.config import FIELDS, RunConfig, base_type
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
@@ -39,6 +43,7 @@ RUNS_SCHEMA = pa.schema([
     ("ended_at", TIMESTAMP),
     ("wall_seconds", pa.float64()),
     ("rounds_done", pa.int64()),
+    ("resumes", pa.int64()),  # how many times the run was continued with --resume
     ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
     ("driver_peak_memory_bytes", pa.int64()),
     ("actors_peak_memory_bytes", pa.int64()),
@@ -59,6 +64,7 @@ ROUNDS_SCHEMA = pa.schema([
     ("round", pa.int64()),
     ("users", pa.list_(pa.int64())),
     ("n_sampled", pa.int64()),
+    ("n_reported", pa.int64()),  # sampled users whose update was averaged
     ("train_loss", pa.float64()),
     ("wall_seconds", pa.float64()),
     ("bytes_sent", pa.int64()),
@@ -79,7 +85,29 @@ EVALS_SCHEMA = pa.schema([
     ("loss_after", pa.float64()),
 ])
 
-TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA}
+EVENTS_SCHEMA = pa.schema([
+    ("round", pa.int64()),
+    ("kind", pa.string()),  # actor-died, dropout, straggler
+    ("actor", pa.int64()),  # null for events of users, not actors
+    ("users", pa.list_(pa.int64())),
+    ("detail", pa.string()),
+])
+
+ACTORS_SCHEMA = pa.schema([
+    ("actor", pa.int64()),
+    ("incarnation", pa.int64()),  # 0 at the start; +1 for each replacement
+    ("from_round", pa.int64()),  # the first round this incarnation served
+    ("users", pa.list_(pa.int64())),
+    ("node_id", pa.string()),
+    ("node_ip", pa.string()),
+    ("pid", pa.int64()),
+    ("device", pa.string()),
+    ("gpu_ids", pa.list_(pa.string())),
+])
+
+TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA,
+          "events": EVENTS_SCHEMA, "actors": ACTORS_SCHEMA}
+PARTED = [name for name in TABLES if name != "runs"]  # tables written part by part
 
 
 def table_schema(name: str) -> pa.Schema:
@@ -87,10 +115,17 @@ def table_schema(name: str) -> pa.Schema:
     return pa.unify_schemas([CONFIG_SCHEMA, TABLES[name], pa.schema([("run_id", pa.string())])])
 
 
-def write_atomically(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file so that readers see all of it or none of it."""
+def write_atomically(path: Path, write: Callable[[Path], None],
+                     before_rename: Callable[[], None] | None = None) -> None:
+    """Write a file so that readers see all of it or none of it, even after a crash:
+    `write` fills a temporary dot-file (which readers skip), which is synced and then
+    renamed into place."""
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
+    write(tmp)
+    with open(tmp, "rb") as written:
+        os.fsync(written.fileno())
+    if before_rename:
+        before_rename()
     os.replace(tmp, path)
 
 
@@ -101,10 +136,23 @@ class RunWriter:
         self.out = Path(out)
         self.run_id = run_id
         self.config = cfg.to_dict()
-        self.buffers: dict[str, list[dict[str, Any]]] = {"rounds": [], "evals": []}
-        self.parts = {"rounds": 0, "evals": 0}
+        self.buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in PARTED}
+        self.parts = dict.fromkeys(PARTED, 0)
+        self.writes = 0
         for name in TABLES:
             self.folder(name).mkdir(parents=True, exist_ok=True)
+
+    def resume(self, parts: Mapping[str, int]) -> None:
+        """Continue after the checkpoint that counted `parts` files per table: files
+        written after it (and temporary files of an interrupted write) are removed, so
+        the rounds replayed from the checkpoint are neither lost nor written twice."""
+        for name in PARTED:
+            self.parts[name] = parts.get(name, 0)
+            for path in self.folder(name).iterdir():
+                index = path.name.removeprefix("part-").removesuffix(".parquet")
+                if path.name.startswith(".") or not index.isdigit() or (
+                        int(index) >= self.parts[name]):
+                    path.unlink()
 
     def folder(self, table: str) -> Path:
         return self.out / table / f"run_id={self.run_id}"
@@ -114,9 +162,15 @@ class RunWriter:
         full = [{**self.config, **row} for row in rows]
         return pa.Table.from_pylist(full, schema=schema)
 
+    def _write(self, name: str, rows: Iterable[Mapping[str, Any]], path: Path) -> None:
+        self.writes += 1
+        table = self._table(name, rows)
+        write_atomically(path, lambda tmp: pq.write_table(table, tmp),
+                         lambda: faults.crash_at("driver-write", self.writes))
+
     def write_run(self, row: Mapping[str, Any]) -> None:
         """(Re)write the run's single row: at the start, and with its final status."""
-        write_atomically(self._table("runs", [row]), self.folder("runs") / "part-0.parquet")
+        self._write("runs", [row], self.folder("runs") / "part-0.parquet")
 
     def add(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
         self.buffers[table].extend(rows)
@@ -125,7 +179,7 @@ class RunWriter:
         """Write buffered rows as new part files."""
         for name, rows in self.buffers.items():
             if rows:
-                path = self.folder(name) / f"part-{self.parts[name]:05d}.parquet"
-                write_atomically(self._table(name, rows), path)
+                self._write(name, rows,
+                            self.folder(name) / f"part-{self.parts[name]:05d}.parquet")
                 self.parts[name] += 1
                 rows.clear()

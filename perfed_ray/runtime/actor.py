@@ -7,12 +7,14 @@ actor's boundary; the maths is the :class:`~perfed_ray.learner.LocalLearner`'s.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import ray
 import torch
 
+from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.learner import LocalLearner
@@ -45,10 +47,15 @@ def peak_memory_bytes() -> int:
 
 @ray.remote
 class UserActor:
-    """Hosts the shards of a block of users and runs their local work on its device."""
+    """Hosts the shards of a block of users and runs their local work on its device.
+
+    `actor` and `incarnation` name it in the run's records (a replacement for a dead
+    actor is the next incarnation of the same actor)."""
 
     def __init__(self, cfg: RunConfig, users: list[int], source: ShardSource,
-                 data: DataArrays | None, num_cpus: float, num_gpus: float) -> None:
+                 data: DataArrays | None, num_cpus: float, num_gpus: float,
+                 actor: int = 0, incarnation: int = 0) -> None:
+        self.actor, self.incarnation = actor, incarnation
         torch.set_num_threads(max(1, int(num_cpus)))
         use_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
@@ -59,15 +66,20 @@ class UserActor:
         self.batch_users = cfg.batch_users
 
     def describe(self) -> dict[str, object]:
-        """Where this actor runs, what it holds, its peak memory (also: it is ready)."""
+        """Where this actor runs and its peak memory (also: it is ready)."""
         context = ray.get_runtime_context()
-        return {"device": str(self.device), "users": len(self.shards),
-                "node": context.get_node_id(), "gpus": context.get_accelerator_ids(),
+        return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "device": str(self.device),
+                "gpu_ids": [str(g) for g in context.get_accelerator_ids().get("GPU", [])],
                 "peak_memory_bytes": peak_memory_bytes()}
 
     def train(self, weights: np.ndarray, users: list[int], round_: int,
               per_user: bool = False) -> UpdateSum:
         """Local updates of the given users from the global weights, summed."""
+        if self.actor == 0:
+            faults.crash_at("actor-always", round_)
+            if self.incarnation == 0:
+                faults.crash_at("actor", round_)
         start = self.flat.unflatten(weights, self.device)  # rules never modify it in place
         shards = [self.shards[u] for u in users]
         if self.batch_users and len(users) > 1:

@@ -1,7 +1,8 @@
 """The server of Algorithm 1, on the driver: sample, broadcast, gather, average.
 
 The coordinator sees users only as ids hosted by actors and models only as
-flat weight vectors; what a local update computes is the actors' business.
+flat weight vectors; what a local update computes is the actors' business,
+and keeping the actors alive is the pool's.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 
+from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
-from perfed_ray.runtime.placement import Placement
+from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
+from perfed_ray.runtime.pool import ActorPool
 from perfed_ray.seeding import Stream, numpy_rng
 
 
@@ -23,6 +26,30 @@ def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
     """A_k: m users drawn uniformly without replacement, from round k's own stream."""
     rng = numpy_rng(seed, Stream.USER_SAMPLING, round_)
     return sorted(int(u) for u in rng.choice(n_users, size=m, replace=False))
+
+
+@dataclass(frozen=True)
+class Participation:
+    """Who of round k's sampled users reports, drops out, or reports past the deadline."""
+
+    reporting: list[int]
+    dropped: list[int]
+    late: list[int]
+
+
+def participation(cfg: RunConfig, round_: int, users: list[int]) -> Participation:
+    """Each sampled user drops out with chance `dropout`, else is cut by the deadline
+    with chance `stragglers`; drawn from round k's own stream, so a resumed or
+    replayed round loses the same users. Neither kind's update is computed: the
+    server would not wait for it."""
+    if not (cfg.dropout or cfg.stragglers):
+        return Participation(users, [], [])
+    draws = numpy_rng(cfg.seed, Stream.PARTICIPATION, round_).random((len(users), 2))
+    dropped = [u for u, (d, _) in zip(users, draws, strict=True) if d < cfg.dropout]
+    late = [u for u, (d, s) in zip(users, draws, strict=True)
+            if d >= cfg.dropout and s < cfg.stragglers]
+    gone = set(dropped) | set(late)
+    return Participation([u for u in users if u not in gone], dropped, late)
 
 
 class Diverged(RuntimeError):
@@ -49,56 +76,68 @@ class Progress:
 
 
 class Coordinator:
-    """Runs the rounds of one simulation over a fixed set of user actors."""
+    """Runs the rounds of one simulation over a pool of user actors, from round 0 or
+    from a checkpoint, writing rows and checkpoints as it goes."""
 
-    def __init__(self, cfg: RunConfig, actors: list[ray.actor.ActorHandle],
-                 placement: Placement, weights: np.ndarray, writer: RunWriter,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, pool: ActorPool, weights: np.ndarray,
+                 writer: RunWriter, store: RunStore,
+                 on_progress: Callable[[Progress], None] | None = None,
+                 resume_from: Checkpoint | None = None, clock: float | None = None) -> None:
         self.cfg = cfg
-        self.actors = actors
-        self.host_of = placement.host_of
-        self.weights = weights
+        self.pool = pool
+        self.host_of = {u: a for a, block in enumerate(pool.blocks) for u in block}
         self.writer = writer
+        self.store = store
         self.on_progress = on_progress
-        self.rounds_done = 0
-        self.last_accuracy: tuple[int, float] | None = None
+        self.weights = resume_from.weights if resume_from else weights
+        self.rounds_done = resume_from.round if resume_from else 0
+        self.last_accuracy = resume_from.accuracy if resume_from else None
+        self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
+        self.resumed = resume_from is not None
+        self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
 
     def run_round(self, round_: int) -> dict:
-        """One round k: w_{k+1} = mean of the sampled users' w_{k+1,tau}.
+        """One round k: w_{k+1} = mean of the reporting users' w_{k+1,tau}.
 
         Actors return the sum of their users' weights; the sums are added as
-        they arrive (`ray.wait`), so the driver holds one model's worth of
-        partial results however many users or actors there are.
+        they arrive, so the driver holds one model's worth of partial results
+        however many users or actors there are.
         """
         start = time.perf_counter()
         users = sample_users(self.cfg.seed, round_, self.cfg.n_users, self.cfg.users_per_round)
+        who = participation(self.cfg, round_, users)
+        for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
+            if gone:
+                self.writer.add("events", [{"round": round_, "kind": kind, "actor": None,
+                                            "users": gone, "detail": None}])
         by_actor: dict[int, list[int]] = {}
-        for u in users:
+        for u in who.reporting:
             by_actor.setdefault(self.host_of[u], []).append(u)
         ref = ray.put(self.weights)
-        pending = [self.actors[a].train.remote(ref, us, round_) for a, us in by_actor.items()]
-        calls = len(pending)
+        parts = self.pool.gather(round_, "train",
+                                 {a: (ref, us, round_) for a, us in by_actor.items()})
+        faults.crash_at("driver-round", round_)
         total = np.zeros(self.weights.shape, dtype=np.float64)
         loss_sum, received, diverged = 0.0, 0, []
-        users_of = dict(zip(pending, by_actor.values(), strict=True))
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            part = ray.get(done[0])
+        for a, part in parts:
             if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
-                diverged += users_of[done[0]]
+                diverged += by_actor[a]
             total += part.total
             loss_sum += part.loss_sum
             received += part.total.nbytes
         if diverged:
             raise Diverged(round_, sorted(diverged))
-        self.weights = (total / len(users)).astype(np.float32)
+        n = len(who.reporting)
+        if n:
+            self.weights = (total / n).astype(np.float32)
         return {
             "round": round_,
             "users": users,
             "n_sampled": len(users),
-            "train_loss": loss_sum / len(users),
+            "n_reported": n,
+            "train_loss": loss_sum / n if n else float("nan"),
             "wall_seconds": time.perf_counter() - start,
-            "bytes_sent": self.weights.nbytes * calls,
+            "bytes_sent": self.weights.nbytes * len(by_actor),
             "bytes_received": received,
         }
 
@@ -106,29 +145,48 @@ class Coordinator:
         """Every user's personalised scores, computed on the actor that hosts it."""
         draws = self.cfg.final_eval_draws if final else 1
         ref = ray.put(self.weights)
-        rows = [row for batch in ray.get([a.evaluate.remote(ref, round_, draws)
-                                          for a in self.actors]) for row in batch]
+        batches = self.pool.gather(round_, "evaluate",
+                                   {a: (ref, round_, draws) for a in range(len(self.pool.blocks))})
+        faults.crash_at("driver-eval", round_)
+        by_actor = dict(batches)
+        rows = [row for a in sorted(by_actor) for row in by_actor[a]]
         for row in rows:
             row.update(round=round_, final=final)
         self.last_accuracy = (round_, float(np.mean([r["acc_after"] for r in rows])))
         return rows
 
-    def run(self) -> np.ndarray:
-        """All rounds, with evaluations at round 0, every eval_every rounds and at the end;
-        rows are flushed to Parquet at each evaluation."""
-        cfg = self.cfg
-        self.writer.add("evals", self.evaluate(0, final=False))
+    def checkpoint(self, round_: int) -> None:
+        """Write the rows so far, then the state after round k that counts them."""
         self.writer.flush()
-        start = time.perf_counter()
-        for round_ in range(1, cfg.rounds + 1):
+        self.store.save(Checkpoint(round_, self.weights, dict(self.writer.parts),
+                                   self.wall_seconds(), self.last_accuracy))
+
+    def wall_seconds(self) -> float:
+        """Seconds spent on this run, over all sittings up to their last checkpoint."""
+        return self.earlier_seconds + time.perf_counter() - self.clock
+
+    def run(self) -> np.ndarray:
+        """The remaining rounds, with evaluations at round 0, every eval_every rounds and
+        at the end, and checkpoints at round 0, every checkpoint_every rounds and at the
+        end; rows are written at each evaluation and checkpoint."""
+        cfg = self.cfg
+        if not self.resumed:
+            self.writer.add("evals", self.evaluate(0, final=False))
+            self.checkpoint(0)
+        first, loop_start = self.rounds_done + 1, time.perf_counter()
+        for round_ in range(first, cfg.rounds + 1):
             self.writer.add("rounds", [self.run_round(round_)])
             self.rounds_done = round_
             final = round_ == cfg.rounds
-            if final or round_ % cfg.eval_every == 0:
+            evaluated = final or round_ % cfg.eval_every == 0
+            if evaluated:
                 self.writer.add("evals", self.evaluate(round_, final))
+            if final or round_ % cfg.checkpoint_every == 0:
+                self.checkpoint(round_)
+            elif evaluated:
                 self.writer.flush()
             if self.on_progress:
                 acc_round, acc = self.last_accuracy or (None, None)
-                rate = round_ / max(time.perf_counter() - start, 1e-9)
+                rate = (round_ - first + 1) / max(time.perf_counter() - loop_start, 1e-9)
                 self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
         return self.weights

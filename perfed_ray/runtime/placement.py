@@ -45,22 +45,28 @@ def plan(cfg: RunConfig, cluster: dict[str, float]) -> Placement:
     scheduled. Ray packs fractional GPU requests onto one GPU before the next,
     so equal shares that fill the cluster put actors on every GPU.
     """
-    cpus_total, gpus_total = cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
     if cfg.users_per_actor is None:
-        n = _fits(cpus_total, cfg.num_cpus_per_actor or 1.0)
+        n = _fits(cluster.get("CPU", 1.0), cfg.num_cpus_per_actor or 1.0)
         if cfg.num_gpus_per_actor:
-            n = min(n, _fits(gpus_total, cfg.num_gpus_per_actor))
+            n = min(n, _fits(cluster.get("GPU", 0.0), cfg.num_gpus_per_actor))
         blocks = spread(cfg.n_users, n)
     else:
         k = cfg.users_per_actor
         blocks = [list(range(s, min(s + k, cfg.n_users))) for s in range(0, cfg.n_users, k)]
+    return with_resources(cfg, cluster, blocks)
+
+
+def with_resources(cfg: RunConfig, cluster: dict[str, float],
+                   blocks: list[list[int]]) -> Placement:
+    """The actors' requests for given blocks (also those of a resumed run, whose blocks
+    are kept but whose cluster may have changed)."""
     n = len(blocks)
     cpus = cfg.num_cpus_per_actor
     gpus = cfg.num_gpus_per_actor
     # Ray accepts resource requests in units of 1e-4.
     return Placement(blocks,
-                     _floor4(min(1.0, cpus_total / n) if cpus is None else cpus),
-                     _floor4(min(1.0, gpus_total / n) if gpus is None else gpus))
+                     _floor4(min(1.0, cluster.get("CPU", 1.0) / n) if cpus is None else cpus),
+                     _floor4(min(1.0, cluster.get("GPU", 0.0) / n) if gpus is None else gpus))
 
 
 def _floor4(x: float) -> float:

@@ -6,6 +6,7 @@ root, partition) is checked in :func:`prepare`, before Ray starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import secrets
@@ -23,6 +24,7 @@ import ray
 import torch
 
 import perfed_ray
+from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -38,8 +40,10 @@ from perfed_ray.data.datasets import PAPER_A
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
+from perfed_ray.runtime.checkpoint import RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress
-from perfed_ray.runtime.placement import Placement, plan
+from perfed_ray.runtime.placement import Placement, plan, with_resources
+from perfed_ray.runtime.pool import ActorFactory, ActorPool
 from perfed_ray.seeding import Stream, numpy_rng
 
 
@@ -89,21 +93,22 @@ def new_run_id(cfg: RunConfig) -> str:
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{cfg.algorithm}-{secrets.token_hex(3)}"
 
 
-def start_actors(prepared: Prepared, placement: Placement) -> list[ray.actor.ActorHandle]:
-    """One actor per block of users, spread over the cluster's nodes; waits until
-    every actor holds its shards."""
+def actor_factory(prepared: Prepared, placement: Placement) -> ActorFactory:
+    """How to start (or restart) actor i: its block's shards come from the data set,
+    put once in the object store and shared, or from the data root the actor reads."""
     cfg = prepared.cfg
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
-    actors = [
-        UserActor.options(num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-                          scheduling_strategy="SPREAD").remote(
-            cfg, block, prepared.source(block), data_ref, placement.num_cpus,
-            placement.num_gpus)
-        for block in placement.blocks
-    ]
-    ray.get([a.describe.remote() for a in actors])
-    return actors
+
+    def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
+        block = placement.blocks[actor]
+        return UserActor.options(
+            num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
+            scheduling_strategy="SPREAD", runtime_env=faults.actor_env(),
+        ).remote(cfg, block, prepared.source(block), data_ref, placement.num_cpus,
+                 placement.num_gpus, actor, incarnation)
+
+    return start
 
 
 def _versions() -> dict[str, str]:
@@ -118,38 +123,52 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _peak_memory(actors: list[ray.actor.ActorHandle]) -> dict[str, int]:
+def _peak_memory(pool: ActorPool) -> dict[str, int]:
     """Peak resident memory of the driver and of all actors together."""
-    described = ray.get([a.describe.remote() for a in actors])
     return {"driver_peak_memory_bytes": peak_memory_bytes(),
-            "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in described)}
+            "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in pool.describe())}
 
 
 def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] | None = None,
-        run_id: str | None = None) -> str:
-    """Run one simulation on the connected Ray cluster (a local one if none);
-    returns its run id. The runs row says `finished` only if every round ran."""
+        run_id: str | None = None, resume: bool = False) -> str:
+    """Run one simulation on the connected Ray cluster (a local one if none), or with
+    `resume`, continue run `run_id` from its last checkpoint; returns the run id.
+    The runs row says `finished` only if every round ran."""
     cfg = prepared.cfg
     if not ray.is_initialized():
         ray.init(include_dashboard=False, logging_level=logging.WARNING)
     run_id = run_id or new_run_id(cfg)
-    writer = RunWriter(out, run_id, cfg)
-    placement = plan(cfg, ray.cluster_resources())
-    started, clock = datetime.now(UTC), time.perf_counter()
-    row = {"status": "running", "started_at": started, "n_actors": len(placement.blocks),
-           "actor_cpus": placement.num_cpus, "actor_gpus": placement.num_gpus,
-           "command": " ".join(sys.argv), "rounds_done": 0, **_versions()}
+    clock = time.perf_counter()
+    store, writer = RunStore(out, run_id), RunWriter(out, run_id, cfg)
+    checkpoint = None
+    if resume:
+        record = store.load_record()
+        record = dataclasses.replace(record, resumes=record.resumes + 1)
+        checkpoint = store.load()
+        writer.resume(checkpoint.parts if checkpoint else {})
+        placement = with_resources(cfg, ray.cluster_resources(), record.blocks)
+    else:
+        placement = plan(cfg, ray.cluster_resources())
+        record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
+                           datetime.now(UTC).isoformat(), " ".join(sys.argv))
+    store.save_record(record)
+    row = {"status": "running", "started_at": datetime.fromisoformat(record.started_at),
+           "resumes": record.resumes, "command": record.command,
+           "n_actors": len(placement.blocks), "actor_cpus": placement.num_cpus,
+           "actor_gpus": placement.num_gpus,
+           "rounds_done": checkpoint.round if checkpoint else 0, **_versions()}
     writer.write_run(row)
-    actors: list[ray.actor.ActorHandle] = []
+    pool = ActorPool(placement.blocks, actor_factory(prepared, placement), cfg.actor_retries,
+                     writer.add)
     coordinator = None
     try:
-        actors = start_actors(prepared, placement)
+        pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
         row["startup_seconds"] = time.perf_counter() - clock
-        coordinator = Coordinator(cfg, actors, placement,
-                                  initial_weights(cfg, prepared.source([])), writer, on_progress)
+        coordinator = Coordinator(cfg, pool, initial_weights(cfg, prepared.source([])), writer,
+                                  store, on_progress, checkpoint, clock)
         coordinator.run()
         row["status"] = "finished"
-        row.update(_peak_memory(actors))
+        row.update(_peak_memory(pool))
     except BaseException as err:
         row["status"] = ("interrupted" if isinstance(err, KeyboardInterrupt) else
                          "diverged" if isinstance(err, Diverged) else "failed")
@@ -157,9 +176,10 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         raise
     finally:
         writer.flush()
-        row.update(ended_at=datetime.now(UTC), wall_seconds=time.perf_counter() - clock,
-                   rounds_done=coordinator.rounds_done if coordinator else 0)
+        row.update(ended_at=datetime.now(UTC),
+                   wall_seconds=(checkpoint.wall_seconds if checkpoint else 0.0)
+                   + time.perf_counter() - clock,
+                   rounds_done=coordinator.rounds_done if coordinator else row["rounds_done"])
         writer.write_run(row)
-        for actor in actors:
-            ray.kill(actor)
+        pool.stop()
     return run_id

@@ -1,0 +1,47 @@
+"""Deliberate crashes at named points, so that recovery is tested with real processes
+and real signals rather than with mocks.
+
+``PERFED_FAULT=<point>@<n>`` makes the process that reaches ``point`` for key ``n``
+kill itself with SIGKILL: no clean-up, no flush, exactly what a pre-empted node or
+the kernel's OOM killer does. Unset (normal use) it costs a dictionary lookup.
+
+=====================  =======================================================
+point                  where, and what ``n`` counts
+=====================  =======================================================
+``driver-round``       driver, round ``n``'s training calls in flight
+``driver-eval``        driver, the evaluation after round ``n`` in flight
+``driver-write``       driver, its ``n``-th Parquet part written under its
+                       temporary name and not yet renamed into place
+``driver-checkpoint``  driver, the checkpoint after round ``n`` written under
+                       its temporary name and not yet renamed into place
+``actor``              actor 0, first incarnation, training in round ``n``
+``actor-always``       actor 0, every incarnation, training in round ``n``
+                       (work that fails however often it is retried)
+=====================  =======================================================
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "PERFED_FAULT"
+
+
+def _armed() -> tuple[str, int] | None:
+    spec = os.environ.get(ENV, "")
+    point, sep, n = spec.partition("@")
+    return (point, int(n)) if sep and n.isdigit() else None
+
+
+def crash_at(point: str, n: int) -> None:
+    """SIGKILL this process if ``PERFED_FAULT`` names this point and key."""
+    if _armed() == (point, n):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def actor_env() -> dict[str, dict[str, str]]:
+    """The runtime_env that carries an armed fault into actors started on a running
+    cluster (whose workers did not inherit the driver's environment)."""
+    spec = os.environ.get(ENV)
+    return {"env_vars": {ENV: spec}} if spec else {}

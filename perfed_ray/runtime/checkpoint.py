@@ -1,0 +1,118 @@
+"""A run's state on disk, so that an interrupted run continues with exactly its numbers.
+
+Under ``<out>/checkpoints/run_id=<id>/``:
+
+- ``run.json``, written at the start of every sitting: the resolved configuration, the
+  users' placement on actors, when the run started and how often it was resumed;
+- ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
+  round k, the global model w_k, how many part files of each table belong to rounds
+  up to k, the wall time spent so far and the last evaluated accuracy.
+
+No random generator state is saved because the run has none that evolves: every
+draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
+the rounds after k draw the same numbers whenever and wherever they run. The
+placement is saved because batched training sums users in a fixed grouping.
+Both files are replaced atomically; a crash leaves the previous version whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfed_ray import faults
+from perfed_ray.errors import ConfigError
+from perfed_ray.results.writer import write_atomically
+
+FOLDER = "checkpoints"
+_RUN_ID = re.compile(r"run_id=(.+)")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run was started with; read back by ``--resume``."""
+
+    run_id: str
+    config: dict[str, Any]
+    blocks: list[list[int]]
+    started_at: str  # ISO 8601, UTC
+    command: str
+    resumes: int = 0
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The state after round `round`: everything the remaining rounds depend on."""
+
+    round: int
+    weights: np.ndarray
+    parts: dict[str, int]
+    wall_seconds: float
+    accuracy: tuple[int, float] | None
+
+
+class RunStore:
+    """Reads and writes one run's record and checkpoint."""
+
+    def __init__(self, out: Path, run_id: str) -> None:
+        self.folder = Path(out) / FOLDER / f"run_id={run_id}"
+
+    def save_record(self, record: RunRecord) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(asdict(record), indent=1)
+        write_atomically(self.folder / "run.json", lambda tmp: tmp.write_text(text))
+
+    def load_record(self) -> RunRecord:
+        path = self.folder / "run.json"
+        try:
+            return RunRecord(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"{path} does not exist: {self.folder} is not the folder of "
+                              f"a run that can be resumed") from None
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
+                              f"start it again") from None
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        meta = json.dumps({"round": checkpoint.round, "parts": checkpoint.parts,
+                           "wall_seconds": checkpoint.wall_seconds,
+                           "accuracy": checkpoint.accuracy})
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as file:  # a file object: np.savez would add ".npz"
+                np.savez(file, weights=checkpoint.weights, meta=np.array(meta))
+
+        write_atomically(self.folder / "checkpoint.npz", write,
+                         lambda: faults.crash_at("driver-checkpoint", checkpoint.round))
+
+    def load(self) -> Checkpoint | None:
+        """The last checkpoint, or None if the run stopped before its first."""
+        path = self.folder / "checkpoint.npz"
+        if not path.exists():
+            return None
+        try:
+            with np.load(path) as saved:
+                meta = json.loads(str(saved["meta"]))
+                weights = saved["weights"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
+                              f"start it again") from None
+        accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
+        return Checkpoint(meta["round"], weights, meta["parts"], meta["wall_seconds"],
+                          accuracy)
+
+
+def locate(run_dir: str | Path) -> tuple[Path, str]:
+    """(results folder, run id) of a run folder: ``<out>/<table>/run_id=<id>`` for any
+    of the run's tables or its checkpoints."""
+    path = Path(run_dir)
+    match = _RUN_ID.fullmatch(path.name)
+    if not path.is_dir() or not match:
+        raise ConfigError(f"--resume {str(run_dir)!r} is not a run folder: give "
+                          f"<results>/checkpoints/run_id=<id> (printed when the run started)")
+    return path.parent.parent, match.group(1)
