@@ -99,12 +99,13 @@ up() {
     --dashboard-host=127.0.0.1 --dashboard-port=$((PORT + 2)) \
     --dashboard-agent-listen-port=$((PORT + 10))
   wait_started head
+  # One node after the other: nodes starting together on one machine can draw the same
+  # free port for their raylets. One log monitor per machine is enough: the head's.
   for i in $(seq "$workers"); do
-    # One log monitor per machine is enough: the head's already reads every node's logs.
     start_node "worker$i" --address="127.0.0.1:$PORT" \
       --dashboard-agent-listen-port=$((PORT + 10 + i)) --include-log-monitor=False
+    wait_started "worker$i"
   done
-  for i in $(seq "$workers"); do wait_started "worker$i"; done
   for _ in $(seq "$READY_TIMEOUT_S"); do
     [ "$(active_nodes)" -ge $((workers + 1)) ] && break
     sleep 1
