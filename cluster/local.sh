@@ -129,7 +129,7 @@ down() {
   [ -f "$DIR/pids" ] || { echo "no cluster started from $DIR"; return 0; }
   # Workers first, the head last; `ray start --block` stops its node's processes on SIGTERM.
   local pids
-  pids=$(tac "$DIR/pids" | awk '{print $1}')
+  pids=$(awk '{pid[NR] = $1} END {for (i = NR; i > 0; i--) print pid[i]}' "$DIR/pids")
   for pid in $pids; do alive "$pid" && kill -TERM "$pid" 2>/dev/null || true; done
   for _ in $(seq 30); do
     local left=0

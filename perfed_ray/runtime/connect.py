@@ -31,8 +31,8 @@ from ray.exceptions import AuthenticationError
 import perfed_ray
 from perfed_ray.errors import InputError
 
-# One attempt, not Ray's twenty: once the TCP check has found the GCS listening,
-# a second attempt cannot fix a refused token, it only delays the message.
+# Three attempts, not Ray's twenty: once the TCP check has found the GCS listening,
+# more attempts cannot fix a refused token, they only delay the message.
 _GCS_ATTEMPTS = "RAY_gcs_server_port_wait_time_s"
 _REACH_TIMEOUT_S = 5.0
 # How a refused token shows when Ray retried under ray.init and gave up.
@@ -54,7 +54,7 @@ def connect(address: str) -> None:
     """Connect this driver to the Ray cluster at `address` (`auto`, `host:port` or
     `ray://host:port`); raises InputError, with the fix, when that cannot be done."""
     _check_reachable(address)
-    os.environ.setdefault(_GCS_ATTEMPTS, "1")
+    os.environ.setdefault(_GCS_ATTEMPTS, "3")
     with _stderr_kept_if_ok() as failed:
         try:
             ray.init(address=address, runtime_env=runtime_env(),
