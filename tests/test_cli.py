@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from perfed_ray.config import ConfigError, from_mapping, load
@@ -16,6 +17,24 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "perfed_ray.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=300)
 
+
+def _cifar_npz(path: Path, classes: int, per_class: int = 600) -> None:
+    """A real CIFAR-10-shaped .npz holding only the first `classes` classes."""
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(classes), per_class)
+    x = rng.integers(0, 256, size=(len(y), 32, 32, 3), dtype=np.uint8)
+    np.savez(path, x_train=x, y_train=y, x_test=x[: len(y) // 5], y_test=y[: len(y) // 5])
+
+
+# Files some bad inputs need, made under the test's folder (EMPTY in the arguments).
+SETUPS = {
+    "five-classes": lambda d: _cifar_npz(d / "cifar10.npz", classes=5),
+    "corrupt": lambda d: (d / "cifar10.npz").write_bytes(b"PK\x03\x04 not a zip archive"),
+    "foreign-out": lambda d: ((d / "out").mkdir(), (d / "out" / "notes.txt").write_text("x")),
+    "out-is-a-file": lambda d: (d / "out").write_text("x"),
+    "run-folders": lambda d: [(d / f / "checkpoints/run_id=x").mkdir(parents=True)
+                              for f in ("out", "other")],
+}
 
 BAD_INPUTS = [
     (["--set", "fraction=1.5"], "fraction = 1.5 is out of range: a number in (0, 1]"),
@@ -33,12 +52,33 @@ BAD_INPUTS = [
      "MNIST not found under"),
     (["no-such-file.yaml"], "configuration file 'no-such-file.yaml' does not exist"),
     (["--set", "partition=paper", "--set", "n_users=1"], "n_users = 1 is too small"),
+    (["--set", "n_users=10", "--set", "fraction=0.05"],
+     "fraction * n_users = 0.05 * 10 = 0.5 samples no user per round: raise fraction to at "
+     "least 0.1"),
+    (["--set", "dropout=-0.1"], "dropout = -0.1 is out of range: a number in [0, 1]"),
+    (["--set", "checkpoint_every=1.5"], "checkpoint_every = 1.5 is not allowed: an integer"),
+    (["--set", "dataset=gaussian", "--set", "paper_a=900"],
+     "gaussian training set has 1000 samples of class 0, but the partition needs 24750: "
+     "lower n_users (or paper_a)"),
+    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "--set", "n_users=4",
+      "--set", "fraction=0.5", "five-classes"],
+     "cifar10 training set has no samples of class 5, but the partition needs classes 0 to 9"),
+    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "corrupt"],
+     "cifar10.npz is not a readable CIFAR-10 .npz"),
+    (["foreign-out"], "is not empty and not a perfed-ray results folder (it holds notes.txt)"),
+    (["out-is-a-file"], "cannot be created (File exists): choose a writable folder"),
+    (["--resume", "EMPTY"], "is not a run folder: give <results>/checkpoints/run_id=<id>"),
+    (["--resume", "EMPTY/other/checkpoints/run_id=x", "run-folders"],
+     "differs from the folder of the run being resumed"),
+    (["--resume", "EMPTY/out/checkpoints/run_id=x", "run-folders"], "run.json does not exist"),
 ]
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=[m[:30] for _, m in BAD_INPUTS])
 def test_bad_input_exits_2_with_one_clear_line(tmp_path, args, message):
-    args = [a.replace("EMPTY", str(tmp_path)) for a in args]
+    for name in set(args) & set(SETUPS):
+        SETUPS[name](tmp_path)
+    args = [a.replace("EMPTY", str(tmp_path)) for a in args if a not in SETUPS]
     result = _cli("run", *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -76,6 +116,13 @@ def test_run_and_summary_through_the_cli(tmp_path):
     lines = summary.stdout.strip().splitlines()
     assert lines[0].startswith("| run_id") and len(lines) == 3
     assert "| gaussian | paper | perfedavg-fo | 2 | 0.01 | 0 | finished | 3/3 |" in lines[2]
+
+    [run_dir] = (out / "checkpoints").iterdir()
+    changed = _cli("run", "--resume", str(run_dir), "--set", "tau=3")
+    assert changed.returncode == 2 and ("error: --resume: run " in changed.stderr) and (
+        "was started with a different configuration: tau = 2 there, 3 here" in changed.stderr)
+    finished = _cli("run", "--resume", str(run_dir))
+    assert finished.returncode == 2 and "already finished all 3 rounds" in finished.stderr
 
     missing = _cli("summary", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -87,6 +87,10 @@ def draw_disjoint(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generat
     for c in range(n_classes):
         pool = np.flatnonzero(labels == c)
         need = int(counts[:, c].sum())
+        if need and not len(pool):
+            raise DataError(f"{dataset} {split} set has no samples of class {c}, but the "
+                            f"partition needs classes 0 to {n_classes - 1}: the data files "
+                            f"are incomplete or not {dataset}; replace them")
         if need > len(pool):
             raise DataError(f"{dataset} {split} set has {len(pool)} samples of class {c}, but "
                             f"the partition needs {need}: {fix}")

@@ -1,0 +1,144 @@
+"""Never lose a run: real processes, real signals.
+
+The driver is SIGKILLed at named points (mid-round, mid-evaluation, mid-write,
+between a checkpoint's write and its rename, before the first checkpoint) and
+resumed each time; an actor's process is SIGKILLed mid-round; a user whose work
+fails every time stops the run. In every case the tables must equal those of a
+run that was never interrupted, except for the columns that measure time,
+memory and placement rather than results.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from perfed_ray.config import from_mapping
+from perfed_ray.runtime import simulation
+from perfed_ray.runtime.checkpoint import RunStore
+
+# Drop-outs and stragglers are on, so `events` has rows to compare too.
+CONFIG = {"dataset": "gaussian", "n_users": 4, "fraction": 1.0, "rounds": 8, "eval_every": 2,
+          "checkpoint_every": 3, "tau": 2, "beta": 0.2, "users_per_actor": 2,
+          "algorithm": "perfedavg-fo", "dropout": 0.2, "stragglers": 0.2,
+          "final_eval_draws": 2}
+COMPARED = ["rounds", "evals", "events"]
+MEASURED = ["wall_seconds", "run_id"]  # how long it took and the run's name: not results
+
+
+def _tables(out: Path) -> dict[str, pd.DataFrame]:
+    tables = {}
+    for name in COMPARED:
+        table = pd.read_parquet(out / name).drop(columns=MEASURED, errors="ignore")
+        keys = [c for c in ("round", "kind", "user", "draw") if c in table]
+        tables[name] = table.sort_values(keys).reset_index(drop=True)
+    return tables
+
+
+def _assert_same(out: Path, expected: dict[str, pd.DataFrame], failures: bool = False) -> None:
+    """Equal tables; with `failures`, once the recorded actor failures are set aside."""
+    got = _tables(out)
+    if failures:
+        events = got["events"]
+        got["events"] = events[events["kind"] != "actor-died"].reset_index(drop=True)
+    for name in COMPARED:
+        pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
+
+
+@pytest.fixture(scope="module")
+def reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
+    """The tables of the same run, never interrupted."""
+    out = tmp_path_factory.mktemp("reference")
+    simulation.run(simulation.prepare(from_mapping(CONFIG)), out)
+    return _tables(out)
+
+
+def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    """perfed-ray in its own process, on the session's Ray cluster."""
+    env = {**os.environ, "RAY_ADDRESS": address}
+    env.pop("PERFED_FAULT", None)
+    if fault:
+        env["PERFED_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference,
+                                                                 tmp_path):
+    address = ray_session.get_runtime_context().gcs_address
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    out = tmp_path / "results"
+    # Checkpoints after rounds 0, 3, 6 and 8. Each sitting is killed at another point.
+    first = _cli([str(config), "--out", str(out)], address, fault="driver-eval@0")
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    [run_dir] = (out / "checkpoints").iterdir()
+    assert not (run_dir / "checkpoint.npz").exists()  # killed before the first checkpoint
+    assert str(run_dir) in first.stderr  # the resume command was printed at the start
+
+    sittings = [
+        ("driver-round@5", 3),  # mid-round: back to the checkpoint after round 3
+        ("driver-checkpoint@6", 3),  # checkpoint 6 written, not yet renamed: still 3
+        ("driver-write@3", 3),  # the 3rd file of the sitting (round 4's evals) half-written
+        ("driver-eval@8", 6),  # the final evaluation in flight
+    ]
+    for fault, checkpoint_round in sittings:
+        killed = _cli(["--resume", str(run_dir)], address, fault=fault)
+        assert killed.returncode == -signal.SIGKILL, (fault, killed.stderr)
+        saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+        assert saved.round == checkpoint_round, fault
+        # What a crash leaves behind is readable, and says the run did not finish.
+        runs = pd.read_parquet(out / "runs")
+        assert runs["status"].tolist() == ["running"]
+        for name in COMPARED:
+            pd.read_parquet(out / name)
+        if fault.startswith("driver-write"):
+            assert list(out.glob("evals/*/.part-*.tmp")), "killed mid-write"
+
+    done = _cli(["--resume", str(run_dir)], address)
+    assert done.returncode == 0, done.stderr
+    _assert_same(out, reference)
+    runs = pd.read_parquet(out / "runs")
+    assert runs[["status", "rounds_done", "resumes"]].values.tolist() == [["finished", 8, 5]]
+    assert not list(out.glob("*/*/.*.tmp"))
+
+    again = _cli(["--resume", str(run_dir)], address)
+    assert again.returncode == 2 and "already finished all 8 rounds" in again.stderr
+
+
+def test_actor_killed_mid_round_is_replaced_with_identical_numbers(ray_session, reference,
+                                                                   tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
+    simulation.run(simulation.prepare(from_mapping(CONFIG)), tmp_path)
+    _assert_same(tmp_path, reference, failures=True)
+    events = pd.read_parquet(tmp_path / "events")
+    died = events[events["kind"] == "actor-died"]
+    assert died[["round", "actor"]].values.tolist() == [[3, 0]]
+    assert died["users"].iloc[0].tolist() == [0, 1]
+    assert "replaced by incarnation 1" in died["detail"].iloc[0]
+    actors = pd.read_parquet(tmp_path / "actors").sort_values(["actor", "incarnation"])
+    assert actors[["actor", "incarnation", "from_round"]].values.tolist() == [
+        [0, 0, 0], [0, 1, 3], [1, 0, 0]]
+    assert actors["pid"].nunique() == 3  # the replacement is a new process
+
+
+def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(ray_session, tmp_path,
+                                                                    monkeypatch):
+    from perfed_ray.runtime.pool import WorkFailed
+
+    monkeypatch.setenv("PERFED_FAULT", "actor-always@2")  # every incarnation dies in round 2
+    cfg = from_mapping({**CONFIG, "actor_retries": 1, "dropout": 0.0, "stragglers": 0.0})
+    with pytest.raises(WorkFailed, match=r"round 2: the actor hosting users 0, 1 died 2 times"):
+        simulation.run(simulation.prepare(cfg), tmp_path)
+    runs = pd.read_parquet(tmp_path / "runs")
+    assert runs[["status", "rounds_done"]].values.tolist() == [["failed", 1]]
+    assert pd.read_parquet(tmp_path / "rounds")["round"].tolist() == [1]
+    events = pd.read_parquet(tmp_path / "events")
+    assert (events["kind"] == "actor-died").sum() == 1  # one replacement, then it gave up
