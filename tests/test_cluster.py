@@ -147,8 +147,9 @@ def test_workers_run_the_drivers_code_shipped_through_runtime_env(cluster, tmp_p
     assert seen and all("runtime_resources/py_modules_files" in path for _, path in seen)
 
 
-@pytest.mark.parametrize("token", [None, "wrong"], ids=["no token", "wrong token"])
-def test_a_client_without_the_token_is_refused(cluster, tmp_path, token):
+@pytest.mark.parametrize(("token", "via"), [(None, "RAY_ADDRESS"), ("wrong", "--address")],
+                         ids=["no token", "wrong token"])
+def test_a_client_without_the_token_is_refused(cluster, tmp_path, token, via):
     address, env = cluster
     config = tmp_path / "easy.yaml"
     config.write_text("dataset: gaussian\nn_users: 2\nfraction: 0.5\nrounds: 1\n")
@@ -159,8 +160,11 @@ def test_a_client_without_the_token_is_refused(cluster, tmp_path, token):
         env.pop("RAY_AUTH_MODE")
     else:
         env["RAY_AUTH_TOKEN"] = token
-    result = _cli("run", str(config), "--address", address, "--out", str(tmp_path / "out"),
-                  env=env, cwd=tmp_path)
+    if via == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = address
+    where = ["--address", address] if via == "--address" else []
+    result = _cli("run", str(config), *where, "--out", str(tmp_path / "out"), env=env,
+                  cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "refused this client's token" in errors[0], result.stderr
