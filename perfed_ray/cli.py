@@ -134,15 +134,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         _check_out(out)
     print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.n_users} "
           f"users, {cfg.users_per_round} per round, {cfg.rounds} rounds", file=sys.stderr)
-    from perfed_ray.runtime import simulation  # imports Ray and torch: after validation
+    from perfed_ray.runtime import connect, simulation  # Ray and torch: after validation
     from perfed_ray.runtime.checkpoint import RunStore
     from perfed_ray.runtime.coordinator import Diverged
     from perfed_ray.runtime.pool import WorkFailed
 
     prepared = simulation.prepare(cfg)
+    address = connect.cluster_address(args.address)
+    if address:
+        connect.connect(address)
     resume = run_id is not None
     run_id = run_id or simulation.new_run_id(cfg)
-    again = f"perfed-ray run --resume {RunStore(out, run_id).folder}"
+    again = (f"perfed-ray run --resume {RunStore(out, run_id).folder}"
+             + (f" --address {args.address}" if args.address else ""))
     print(f"run {run_id}: results under {out}/{'' if resume else '; if it stops: ' + again}",
           file=sys.stderr)
     signal.signal(signal.SIGTERM, _terminate)
@@ -210,6 +214,8 @@ def parser() -> argparse.ArgumentParser:
                      help="continue a stopped run from its last checkpoint: "
                           "RESULTS/checkpoints/run_id=ID (printed when it started)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--address", help="join the Ray cluster at auto, HOST:PORT or "
+                     "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)")
     run.set_defaults(func=cmd_run)
     summ = sub.add_parser("summary", help="final personalised accuracy of every run in DIR")
     summ.add_argument("dir", help="results folder")
