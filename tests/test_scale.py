@@ -14,21 +14,28 @@ from perfed_ray.runtime.placement import plan, spread
 
 def test_auto_placement_sizes_the_pool_from_the_cluster():
     cfg = from_mapping({"n_users": 10_000, "users_per_actor": "auto"})
-    p = plan(cfg, {"CPU": 2.0})
+    p = plan(cfg, [{"CPU": 2.0}])
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (2, 1.0, 0.0)
     assert [len(b) for b in p.blocks] == [5000, 5000]
-    p = plan(cfg, {"CPU": 16.0, "GPU": 2.0})
+    p = plan(cfg, [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (16, 1.0, 0.125)
-    p = plan(cfg.replace(num_gpus_per_actor=0.5), {"CPU": 16.0, "GPU": 2.0})
+    p = plan(cfg.replace(num_gpus_per_actor=0.5), [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_gpus) == (4, 0.5)
-    p = plan(cfg.replace(num_cpus_per_actor=0.25), {"CPU": 2.0})
+    p = plan(cfg.replace(num_cpus_per_actor=0.25), [{"CPU": 2.0}])
     assert len(p.blocks) == 8
+    # A CPU head and CPU workers beside GPU workers: GPU-sharing actors fit on the GPU
+    # nodes only, so only their CPUs count.
+    mixed = [{"CPU": 8.0}, {"CPU": 16.0}, {"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
+    p = plan(cfg, mixed)
+    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (8, 1.0, 0.25)
+    p = plan(cfg.replace(num_gpus_per_actor=0.0), mixed)
+    assert (len(p.blocks), p.num_gpus) == (32, 0.0)
 
 
 def test_fixed_users_per_actor_shares_the_cluster_among_actors():
-    p = plan(from_mapping({"n_users": 50, "users_per_actor": 1}), {"CPU": 2.0, "GPU": 1.0})
+    p = plan(from_mapping({"n_users": 50, "users_per_actor": 1}), [{"CPU": 2.0, "GPU": 1.0}])
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (50, 0.04, 0.02)
-    p = plan(from_mapping({"n_users": 50, "users_per_actor": 25}), {"CPU": 2.0})
+    p = plan(from_mapping({"n_users": 50, "users_per_actor": 25}), [{"CPU": 2.0}])
     assert (len(p.blocks), p.num_cpus) == (2, 1.0)
 
 

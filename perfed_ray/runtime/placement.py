@@ -33,40 +33,54 @@ def spread(n_users: int, n_actors: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(n_actors)]
 
 
-def plan(cfg: RunConfig, cluster: dict[str, float]) -> Placement:
+Nodes = list[dict[str, float]]  # each alive node's resources, as ray.nodes() lists them
+
+
+def capacity(cfg: RunConfig, nodes: Nodes) -> tuple[float, float]:
+    """The CPUs and GPUs the actors can use. Actors that ask for a GPU share (set, or
+    `auto` on a cluster with GPUs) can only run on GPU nodes, so the CPUs of CPU-only
+    nodes (a CPU head, a CPU worker group) must not count, or the pool is sized for
+    more actors than the GPU nodes can hold and the run waits for ever."""
+    gpus = sum(n.get("GPU", 0.0) for n in nodes)
+    share = cfg.num_gpus_per_actor if cfg.num_gpus_per_actor is not None else gpus
+    cpus = sum(n.get("CPU", 0.0) for n in nodes if not share or n.get("GPU", 0.0) > 0)
+    return cpus, gpus
+
+
+def plan(cfg: RunConfig, nodes: Nodes) -> Placement:
     """Place cfg.n_users users on actors.
 
     `users_per_actor: auto` makes as many actors as the cluster runs at once
     given each actor's request (one CPU unless configured, and the configured
     GPU share), users spread evenly over them: Flower sizes its pool the same
-    way. An `auto` resource request shares the cluster's CPUs (GPUs) evenly
+    way. An `auto` resource request shares the usable CPUs (GPUs) evenly
     among the actors, at most one each, so every actor is alive at once:
     actors hold their shards for the whole run and must never wait to be
     scheduled. Ray packs fractional GPU requests onto one GPU before the next,
     so equal shares that fill the cluster put actors on every GPU.
     """
+    cpus, gpus = capacity(cfg, nodes)
     if cfg.users_per_actor is None:
-        n = _fits(cluster.get("CPU", 1.0), cfg.num_cpus_per_actor or 1.0)
+        n = _fits(cpus or 1.0, cfg.num_cpus_per_actor or 1.0)
         if cfg.num_gpus_per_actor:
-            n = min(n, _fits(cluster.get("GPU", 0.0), cfg.num_gpus_per_actor))
+            n = min(n, _fits(gpus, cfg.num_gpus_per_actor))
         blocks = spread(cfg.n_users, n)
     else:
         k = cfg.users_per_actor
         blocks = [list(range(s, min(s + k, cfg.n_users))) for s in range(0, cfg.n_users, k)]
-    return with_resources(cfg, cluster, blocks)
+    return with_resources(cfg, nodes, blocks)
 
 
-def with_resources(cfg: RunConfig, cluster: dict[str, float],
-                   blocks: list[list[int]]) -> Placement:
+def with_resources(cfg: RunConfig, nodes: Nodes, blocks: list[list[int]]) -> Placement:
     """The actors' requests for given blocks (also those of a resumed run, whose blocks
     are kept but whose cluster may have changed)."""
     n = len(blocks)
-    cpus = cfg.num_cpus_per_actor
-    gpus = cfg.num_gpus_per_actor
+    cpus, gpus = capacity(cfg, nodes)
+    want_cpus, want_gpus = cfg.num_cpus_per_actor, cfg.num_gpus_per_actor
     # Ray accepts resource requests in units of 1e-4.
     return Placement(blocks,
-                     _floor4(min(1.0, cluster.get("CPU", 1.0) / n) if cpus is None else cpus),
-                     _floor4(min(1.0, cluster.get("GPU", 0.0) / n) if gpus is None else gpus))
+                     _floor4(min(1.0, (cpus or 1.0) / n) if want_cpus is None else want_cpus),
+                     _floor4(min(1.0, gpus / n) if want_gpus is None else want_gpus))
 
 
 def _floor4(x: float) -> float:

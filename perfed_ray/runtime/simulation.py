@@ -123,6 +123,10 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _nodes() -> list[dict[str, float]]:
+    return [node["Resources"] for node in ray.nodes() if node["Alive"]]
+
+
 def _peak_memory(pool: ActorPool) -> dict[str, int]:
     """Peak resident memory of the driver and of all actors together."""
     return {"driver_peak_memory_bytes": peak_memory_bytes(),
@@ -146,9 +150,9 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         record = dataclasses.replace(record, resumes=record.resumes + 1)
         checkpoint = store.load()
         writer.resume(checkpoint.parts if checkpoint else {})
-        placement = with_resources(cfg, ray.cluster_resources(), record.blocks)
+        placement = with_resources(cfg, _nodes(), record.blocks)
     else:
-        placement = plan(cfg, ray.cluster_resources())
+        placement = plan(cfg, _nodes())
         record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
                            datetime.now(UTC).isoformat(), " ".join(sys.argv))
     store.save_record(record)
