@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Tests and CI read the verified copies in ../shared/data unless told otherwise.
-os.environ.setdefault("PERFED_DATA", str((REPO.parent / "shared" / "data").resolve()))
+# Tests and CI read the verified copies in ../shared/data unless told otherwise; made
+# absolute, because tests run the CLI from other working directories.
+os.environ["PERFED_DATA"] = str(
+    Path(os.environ.get("PERFED_DATA", REPO.parent / "shared" / "data")).resolve())
 
 
 @pytest.fixture(scope="session")
