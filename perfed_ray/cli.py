@@ -86,7 +86,11 @@ def _resumable(args: argparse.Namespace) -> tuple[configuration.RunConfig, Path,
     if args.out is not None and Path(args.out).resolve() != out.resolve():
         raise ConfigError(f"--out {args.out!r} differs from the folder of the run being "
                           f"resumed ({out}): drop --out")
-    stored = configuration.from_mapping(RunStore(out, run_id).load_record().config)
+    record = RunStore(out, run_id).load_record()
+    if (pid := record.live_driver()) is not None:
+        raise ConfigError(f"run {run_id} is still running (driver pid {pid} on this machine): "
+                          f"stop it first, or wait for it")
+    stored = configuration.from_mapping(record.config)
     if args.config is not None or args.set:  # a file is compared whole, --set on its own
         given = (configuration.load(args.config, args.set) if args.config is not None else
                  configuration.from_mapping({**stored.to_dict(),

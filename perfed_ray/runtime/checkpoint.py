@@ -18,7 +18,9 @@ Both files are replaced atomically; a crash leaves the previous version whole.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,18 @@ class RunRecord:
     started_at: str  # ISO 8601, UTC
     command: str
     resumes: int = 0
+    driver: str = ""  # "host:pid" of the sitting's driver, to refuse a second one
+
+    def live_driver(self) -> int | None:
+        """The pid of this run's driver if it is still alive on this machine."""
+        host, _, pid = self.driver.rpartition(":")
+        if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return int(pid) if b"perfed" in cmdline else None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import platform
 import secrets
 import socket
@@ -123,6 +124,10 @@ def _versions() -> dict[str, str]:
     }
 
 
+def _driver() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _nodes() -> list[dict[str, float]]:
     return [node["Resources"] for node in ray.nodes() if node["Alive"]]
 
@@ -147,14 +152,14 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     checkpoint = None
     if resume:
         record = store.load_record()
-        record = dataclasses.replace(record, resumes=record.resumes + 1)
+        record = dataclasses.replace(record, resumes=record.resumes + 1, driver=_driver())
         checkpoint = store.load()
         writer.resume(checkpoint.parts if checkpoint else {})
         placement = with_resources(cfg, _nodes(), record.blocks)
     else:
         placement = plan(cfg, _nodes())
         record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
-                           datetime.now(UTC).isoformat(), " ".join(sys.argv))
+                           datetime.now(UTC).isoformat(), " ".join(sys.argv), driver=_driver())
     store.save_record(record)
     row = {"status": "running", "started_at": datetime.fromisoformat(record.started_at),
            "resumes": record.resumes, "command": record.command,
