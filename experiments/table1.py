@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = read_runs(args.out)
     plan = [(cell, *state(cell, runs)) for cell in
             grid(args.configs, args.seeds, args.study, args.algorithms, args.set)]
+    if not plan:
+        raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]
     measured = step_seconds(runs)
     seconds = sum(estimate(cell, measured) for cell, _, _ in todo)

@@ -108,7 +108,9 @@ def table1_markdown(runs: pd.DataFrame) -> str:
     lines = ["# Extended Table 1 (Fallah et al. 2020), reproduced", "", LEGEND, ""]
     for section in sections:
         methods = _methods(section, runs)
-        lines += [f"## {SECTIONS.get(section, 'Other settings: ' + section[len('other: '):])}",
+        title = SECTIONS.get(section, "Other settings: " + section[len("other: "):]
+                             + (" (LEAKS TEST LABELS)" if "adapt_on = test" in section else ""))
+        lines += [f"## {title}",
                   "", "| row | " + " | ".join(methods) + " |",
                   "| --- |" + " --- |" * len(methods)]
         for row in _section_rows(section, runs):
