@@ -1,12 +1,22 @@
-"""Run rows of Table 1 (Fallah et al. 2020) through the CLI and summarise them.
+"""Run the extended Table 1 grid (Fallah et al. 2020) and write its report.
 
-    python experiments/table1.py mnist-tau10-alpha0.01            # run, then summarise
-    python experiments/table1.py --summary-only                   # summarise what is there
+    python experiments/table1.py --dry-run                 # what would run, how long
+    python experiments/table1.py                           # the grid, then the report
+    python experiments/table1.py --study --jobs 2          # also the CIFAR-10 study
 
-Each run is `perfed-ray run experiments/configs/table1/<row>.yaml --set
-algorithm=<name>`; results go to `--out` (default experiments/results/table1)
-and the summary, with the paper's figures beside ours, to
-experiments/results/README.md.
+The grid: every row of Table 1 (experiments/configs/table1/*.yaml) times
+FedAvg, Per-FedAvg (FO), (HF) and exact Per-FedAvg, times `--seeds` training
+seeds; FedAvg again with `adapt_on: test` (the paper's FedAvg text, which
+leaks test labels, reported separately); with `--study`, the two CIFAR-10
+`alpha = 0.01` rows over `input_scale` (standardize, raw) for the paper's
+three algorithms and HF with `hf_delta: normalized` for every input scale.
+
+Each cell is one `perfed-ray run` (with `users_per_actor=auto`, the fastest
+path on a small machine) into `--out`. A cell whose run already finished or
+diverged there (the same configuration, every key that changes numbers) is
+skipped; a stopped one is resumed from its checkpoint; so the script can be
+stopped and started again over several sittings. Do not run two of it on the
+same folder at once. It ends with `perfed-ray report OUT`.
 """
 
 from __future__ import annotations
@@ -14,91 +24,189 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from perfed_ray.analysis import summary
+from perfed_ray import config as configuration
+from perfed_ray.analysis import read_runs
+from perfed_ray.data.datasets import PAPER_A
+from perfed_ray.report import write_report
+from perfed_ray.report.cells import MECHANICS
+from perfed_ray.runtime.checkpoint import FOLDER
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "table1"
-ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf"]
-
-# Table 1 of the paper (accuracy after one local step, %), for comparison only.
-PAPER = {
-    ("mnist", "paper", 10, 0.01): (75.96, 78.00, 79.85),
-    ("mnist", "paper", 4, 0.01): (60.18, 64.55, 70.94),
-    ("cifar10", "paper", 10, 0.001): (40.49, 46.98, 50.44),
-    ("cifar10", "paper", 4, 0.001): (38.38, 34.04, 43.73),
-    ("cifar10", "paper", 4, 0.01): (35.97, 25.32, 46.32),
-    ("cifar10", "paper-diff", 4, 0.01): (58.59, 37.71, 71.25),
-}
-
-
-def run_row(row: str, algorithms: list[str], out: Path, overrides: list[str]) -> None:
-    config = CONFIGS / f"{row}.yaml"
-    for algorithm in algorithms:
-        sets = [arg for pair in [f"algorithm={algorithm}", *overrides] for arg in ("--set", pair)]
-        command = ["perfed-ray", "run", str(config), *sets, "--out", str(out)]
-        print("$", " ".join(command), flush=True)
-        subprocess.run(command, check=True)
+ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg"]
+STUDY_ROWS = ["cifar10-tau4-alpha0.01", "cifar10-tau4-alpha0.01-diff"]
+STUDY_ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf"]
+RUN_WITH = ["users_per_actor=auto"]  # execution only: not part of a cell's identity
+# Seconds per local step (one user's tau steps cost tau times this, 10 users a round
+# in parallel on 2 cores), from the 1000-round MNIST runs in experiments/results/README.md
+# (2.7, 3.1, 10.8 minutes; exact assumed as HF); CIFAR-10's 3072 inputs make the MLP's
+# first layer, most of its work, about 4 times MNIST's. Finished runs in the results
+# folder replace these guesses (see `step_seconds`).
+STEP_SECONDS = {"fedavg": 0.0162, "perfedavg-fo": 0.0186, "perfedavg-hf": 0.0648,
+                "perfedavg": 0.0648}
+DATASET_FACTOR = {"mnist": 1.0, "cifar10": 4.0}
 
 
-def summarise(out: Path) -> str:
-    table = summary(out)
-    if "accuracy" not in table:
-        raise SystemExit(f"no finished evaluations under {out}: run some rows first")
-    table = table.dropna(subset=["accuracy"])
-    lines = [
-        "# Table 1 reproductions",
-        "",
-        "Made by `python experiments/table1.py --summary-only` from the Parquet results in "
-        f"`{out.relative_to(HERE.parent) if out.is_relative_to(HERE.parent) else out}/`; "
-        "the runs themselves by `python experiments/table1.py ROW` (one "
-        "`perfed-ray run experiments/configs/table1/ROW.yaml --set algorithm=...` per "
-        "algorithm).",
-        "",
-        "Personalised accuracy = mean over all 50 users of the test accuracy after one SGD "
-        "step (size alpha, a batch of 40 from the user's own training shard) from the final "
-        "model. The interval is the 95% t interval over the independent draws of that "
-        "adaptation batch (`draws`), for ONE training seed; it says nothing about "
-        "seed-to-seed variation. The paper's figures are quoted from its Table 1.",
-        "",
-        "| dataset | partition | tau | alpha | algorithm | seed | rounds | accuracy % (95% CI) "
-        "| draws | before adapt. % | paper % | wall (start-up) | actors | host |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    table = table.sort_values(["dataset", "partition", "tau", "alpha", "algorithm", "seed"],
-                              ascending=[False, True, False, True, True, True])
-    for _, r in table.iterrows():
-        paper = PAPER.get((r["dataset"], r["partition"], int(r["tau"]), float(r["alpha"])))
-        ref = (f"{paper[ALGORITHMS.index(r['algorithm'])]:.2f}"
-               if paper and r["algorithm"] in ALGORITHMS else "-")
-        lines.append(
-            f"| {r['dataset']} | {r['partition']} | {r['tau']} | {r['alpha']:g} | "
-            f"{r['algorithm']} | {r['seed']} | {r['round']:.0f}/{r['rounds']} "
-            f"({r['status']}) | {100 * r['accuracy']:.2f} ± {100 * r['ci95']:.2f} | "
-            f"{r['draws']} | {100 * r['acc_before']:.2f} | {ref} | "
-            f"{r['wall_seconds'] / 60:.1f} min ({r['startup_seconds']:.0f} s) | "
-            f"{r['n_actors']}{', vmap' if r['batch_users'] else ''} | {r['hostname']} |")
-    return "\n".join(lines) + "\n"
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: a row's configuration file and its overrides."""
+
+    config: Path
+    sets: tuple[str, ...]
+
+    def cfg(self) -> configuration.RunConfig:
+        return configuration.load(self.config, self.sets)
+
+    def name(self) -> str:
+        return self.config.stem + "".join(f" {s}" for s in self.sets)
 
 
-def main() -> int:
+def grid(configs: Path, seeds: int, study: bool, algorithms: Iterable[str],
+         extra: Iterable[str] = ()) -> list[Cell]:
+    """Every cell, main grid first (rows, algorithms, seeds), then the leaking FedAvg,
+    then the study; `extra` overrides (e.g. rounds=40) apply to all of them."""
+    extra = tuple(extra)
+    rows = sorted(configs.glob("*.yaml"))
+    algorithms = list(algorithms)
+    cells = [Cell(row, (f"algorithm={a}", f"seed={s}", *extra))
+             for row in rows for a in algorithms for s in range(seeds)]
+    if "fedavg" in algorithms:
+        cells += [Cell(row, ("algorithm=fedavg", "adapt_on=test", f"seed={s}", *extra))
+                  for row in rows for s in range(seeds)]
+    if study:
+        studied = [row for row in rows if row.stem in STUDY_ROWS]
+        variants = [(scale, a, "fixed") for scale in ("standardize", "raw")
+                    for a in STUDY_ALGORITHMS if a in algorithms]
+        if "perfedavg-hf" in algorithms:
+            variants += [(scale, "perfedavg-hf", "normalized")
+                         for scale in ("unit", "standardize", "raw")]
+        cells += [Cell(row, (f"algorithm={a}", f"input_scale={scale}", f"hf_delta={hf}",
+                             f"seed={s}", *extra))
+                  for row in studied for scale, a, hf in variants for s in range(seeds)]
+    return cells
+
+
+def identity(cfg: configuration.RunConfig) -> dict[str, object]:
+    """The configuration values that change a run's numbers (`auto` paper_a resolved)."""
+    values = {k: v for k, v in cfg.to_dict().items() if k not in MECHANICS}
+    if values["paper_a"] is None:
+        values["paper_a"] = PAPER_A.get(cfg.dataset)
+    return values
+
+
+def state(cell: Cell, runs: pd.DataFrame) -> tuple[str, str | None]:
+    """('done', run id) if a run of the cell finished or diverged (it would diverge
+    again), ('resume', run id) for the latest one that stopped otherwise, else
+    ('todo', None)."""
+    if runs.empty:
+        return "todo", None
+    match = pd.Series(True, index=runs.index)
+    for key, value in identity(cell.cfg()).items():
+        match &= runs[key] == value
+    mine = runs[match].sort_values("run_id")
+    complete = mine[mine["status"].isin(["finished", "diverged"])]
+    if not complete.empty:
+        return "done", complete["run_id"].iloc[-1]
+    if not mine.empty:
+        return "resume", mine["run_id"].iloc[-1]
+    return "todo", None
+
+
+def step_seconds(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Measured seconds per local step per (dataset, algorithm), from finished runs."""
+    done = runs[runs["status"] == "finished"] if not runs.empty else runs
+    if done.empty:
+        return {}
+    per_step = done["wall_seconds"] / (done["rounds_done"] * done["tau"])
+    return per_step.groupby([done["dataset"], done["algorithm"]]).median().to_dict()
+
+
+def estimate(cell: Cell, measured: dict[tuple[str, str], float]) -> float:
+    """Seconds one cell will take: measured where possible, else the defaults above."""
+    cfg = cell.cfg()
+    per_step = measured.get((cfg.dataset, cfg.algorithm))
+    if per_step is None:
+        per_step = STEP_SECONDS[cfg.algorithm] * DATASET_FACTOR.get(cfg.dataset, 1.0)
+    return per_step * cfg.rounds * cfg.tau
+
+
+def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
+    cli = [sys.executable, "-m", "perfed_ray.cli", "run"]
+    if how == "resume":
+        return [*cli, "--resume", str(out / FOLDER / f"run_id={run_id}"), "--quiet"]
+    sets = [arg for pair in (*cell.sets, *RUN_WITH) for arg in ("--set", pair)]
+    return [*cli, str(cell.config), *sets, "--out", str(out), "--quiet"]
+
+
+def run_cells(plan: list[tuple[Cell, str, str | None]], out: Path, jobs: int) -> int:
+    """Run the cells, at most `jobs` side by side, each logging to out/logs/grid-N.txt;
+    returns how many exited with an error (diverged runs included: status 1)."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    waiting, running, failures = list(enumerate(plan)), [], 0
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            i, (cell, how, run_id) = waiting.pop(0)
+            log = open(logs / f"grid-{time.strftime('%Y%m%d-%H%M%S')}-{i}.txt", "w")  # noqa: SIM115
+            print(f"start [{i + 1}/{len(plan)}] {how}: {cell.name()} (log {log.name})",
+                  flush=True)
+            process = subprocess.Popen(command(cell, out, how, run_id), stdout=log,
+                                       stderr=subprocess.STDOUT)
+            running.append((i, cell, process, log))
+        time.sleep(1)
+        for entry in [e for e in running if e[2].poll() is not None]:
+            i, cell, process, log = entry
+            log.close()
+            running.remove(entry)
+            failures += process.returncode != 0
+            print(f"end   [{i + 1}/{len(plan)}] exit {process.returncode}: {cell.name()}",
+                  flush=True)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("rows", nargs="*", help="rows to run: names of configs/table1/*.yaml")
-    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "table1")
+    parser.add_argument("--configs", type=Path, default=CONFIGS,
+                        help="folder of row configurations (default: configs/table1)")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    parser.add_argument("--study", action="store_true",
+                        help="also the CIFAR-10 input_scale x hf_delta study")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra override for every run (e.g. users_per_actor=25)")
-    parser.add_argument("--summary-only", action="store_true")
-    args = parser.parse_args()
-    if not args.summary_only:
-        for row in args.rows:
-            run_row(row, args.algorithms, args.out, args.set)
-    pd.set_option("display.width", 200)
-    (HERE / "results" / "README.md").write_text(summarise(args.out.resolve()))
-    print((HERE / "results" / "README.md").read_text())
+                        help="override for every cell (part of its identity, e.g. rounds=40)")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
+    parser.add_argument("--dry-run", action="store_true", help="list what would run")
+    args = parser.parse_args(argv)
+    runs = read_runs(args.out)
+    plan = [(cell, *state(cell, runs)) for cell in
+            grid(args.configs, args.seeds, args.study, args.algorithms, args.set)]
+    if not plan:
+        raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
+    todo = [p for p in plan if p[1] != "done"]
+    measured = step_seconds(runs)
+    seconds = sum(estimate(cell, measured) for cell, _, _ in todo)
+    for cell, how, run_id in plan:
+        print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
+    print(f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: about "
+          f"{seconds / 3600:.1f} hours one at a time on this machine's kind "
+          f"(seconds per step measured from finished runs in {args.out} where it has some, "
+          f"else assumed)")
+    if args.dry_run:
+        return 0
+    failures = run_cells(todo, args.out, args.jobs)
+    if failures:
+        print(f"{failures} cells exited with an error (diverged or failed: see the report "
+              f"and {args.out}/logs)")
+    for path in write_report(args.out):
+        print(f"wrote {path}")
     return 0
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
+from perfed_ray.config import FIELDS
 from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = ["dataset", "partition", "algorithm", "tau", "alpha", "beta", "n_users",
@@ -65,13 +66,33 @@ def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.Dat
                          ).to_pandas()
 
 
+def read_runs(out: str | Path) -> pd.DataFrame:
+    """The runs table with configuration values that older results lack (a key added
+    later reads back as null) filled in with the key's default, which is what those
+    runs used."""
+    runs = read_table(out, "runs")
+    for name, f in FIELDS.items():
+        if name in runs and f.default is not None and runs[name].isna().any():
+            runs[name] = runs[name].fillna(f.default)
+    return runs
+
+
+def per_draw_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
+    """Per run and adaptation draw of the final evaluation: the mean over users of the
+    accuracy after adaptation (PROTOCOL.md's headline figure, once per draw)."""
+    final = evals[evals["final"]]
+    return (final.groupby(["run_id", "draw"], observed=True)["acc_after"].mean()
+            .rename("accuracy").reset_index())
+
+
 def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     """Per run: mean personalised accuracy over users at the final evaluation, with
     its 95% interval over adaptation draws, and the accuracy before adaptation."""
     final = evals[evals["final"]]
+    draws = per_draw_accuracy(evals)
     rows = []
     for run_id, frame in final.groupby("run_id", observed=True):
-        per_draw = frame.groupby("draw")["acc_after"].mean().to_numpy()
+        per_draw = draws.loc[draws["run_id"] == run_id, "accuracy"].to_numpy()
         acc, half = mean_ci95(per_draw)
         first = frame.iloc[0]
         rows.append({"run_id": run_id, **{k: first[k] for k in CONFIG_KEYS},

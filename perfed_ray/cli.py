@@ -1,4 +1,4 @@
-"""`perfed-ray`: run simulations, summarise results, list configuration keys.
+"""`perfed-ray`: run simulations, summarise and report results, list configuration keys.
 
 Exit status: 0 success; 2 bad input (configuration, data, output folder, resume
 folder), reported in one line before Ray starts; 1 a run that failed or diverged
@@ -21,6 +21,7 @@ from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError, InputError
 
 LOGS = "logs"  # tracebacks of failed runs, under the results folder
+REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
 
 
 class ProgressDisplay:
@@ -67,7 +68,7 @@ def _check_out(out: Path) -> None:
     from perfed_ray.results.writer import TABLES
     from perfed_ray.runtime.checkpoint import FOLDER
 
-    ours = {*TABLES, FOLDER, LOGS}
+    ours = {*TABLES, FOLDER, LOGS, REPORT}
     foreign = sorted(p.name for p in out.iterdir()
                      if p.name not in ours and not p.name.startswith("."))
     if foreign:
@@ -201,6 +202,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from perfed_ray.report import write_report
+
+    written = write_report(args.dir, args.out or Path(args.dir) / REPORT)
+    print(f"wrote {len(written)} files under {written[0].parent}:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     print(configuration.reference_text(markdown=args.markdown))
     return 0
@@ -225,6 +236,11 @@ def parser() -> argparse.ArgumentParser:
     summ.add_argument("dir", help="results folder")
     summ.add_argument("--markdown", action="store_true", help="print a Markdown table")
     summ.set_defaults(func=cmd_summary)
+    report = sub.add_parser("report", help="extended Table 1, learning curves and per-group "
+                            "accuracies of the runs in DIR")
+    report.add_argument("dir", help="results folder")
+    report.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
+    report.set_defaults(func=cmd_report)
     keys = sub.add_parser("keys", help="list every configuration key")
     keys.add_argument("--markdown", action="store_true", help="print the README's table")
     keys.set_defaults(func=cmd_keys)

@@ -28,6 +28,8 @@ PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet", "natural")
 MODELS = ("mlp", "cnn")
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
+INPUT_SCALES = ("unit", "standardize", "raw")
+HF_DELTAS = ("fixed", "normalized")
 
 
 def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
@@ -62,6 +64,10 @@ class RunConfig:
     paper_a: int | None = _opt(
         None, "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
         "68 for CIFAR-10, 40 for gaussian", low=1, auto=True)
+    input_scale: str = _opt(
+        "unit", "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
+        "mean and standard deviation of the whole training set, the same for every user), "
+        "raw (0-255)", choices=INPUT_SCALES)
     synthetic_alpha: float = _opt(
         1.0, "alpha of Synthetic(alpha, beta): how much users' models differ", low=0)
     synthetic_beta: float = _opt(
@@ -78,6 +84,9 @@ class RunConfig:
     batch_size: int = _opt(40, "size of each batch D, D', D''", low=1)
     delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0,
                         low_open=True)
+    hf_delta: str = _opt(
+        "fixed", "Per-FedAvg (HF)'s difference step: fixed (`delta`) or normalized "
+        "(`delta / ‖g‖`: the perturbation of w has length `delta`)", choices=HF_DELTAS)
     algorithm: str = _opt("perfedavg-hf", "local update rule", choices=ALGORITHMS)
     model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN",
                       choices=MODELS)
@@ -225,6 +234,9 @@ def _check_combination(cfg: RunConfig) -> None:
                           f"{cfg.dataset!r}: dataset synthetic generates its own users and "
                           f"needs partition: natural; the other data sets need paper, "
                           f"paper-diff, iid or dirichlet")
+    if cfg.dataset == "synthetic" and cfg.input_scale != "unit":
+        raise ConfigError(f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
+                          f"synthetic has real-valued features: use input_scale: unit")
     if cfg.dataset == "synthetic" and cfg.model != "mlp":
         raise ConfigError(f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
                           f"plain features: use model: mlp")

@@ -50,7 +50,7 @@ class LocalLearner:
         self.model = model
         self.rule = RULES[cfg.algorithm]
         self.loss = cross_entropy_loss(model)
-        self.steps = StepSizes(cfg.alpha, cfg.beta, cfg.delta)
+        self.steps = StepSizes(cfg.alpha, cfg.beta, cfg.delta, cfg.hf_delta == "normalized")
 
     def _indices(self, n: int, gen: torch.Generator) -> torch.Tensor:
         """One batch of indices, drawn uniformly without replacement from range(n)."""

@@ -1,6 +1,6 @@
 """Models: the paper's MLP (Section 5) and a small CNN, used as pure functions.
 
-Every model takes flattened inputs in [0, 1] (the protocol's layout), so the
+Every model takes flattened inputs (the protocol's layout, scaled by `input_scale`), so the
 data pipeline is the same whichever model a run picks; the CNN restores the
 image shape itself.
 """

@@ -30,3 +30,29 @@ def mnist():
     from perfed_ray.data import load_dataset
 
     return load_dataset("mnist", None, False, 0)
+
+
+TINY = {"dataset": "gaussian", "n_users": 4, "fraction": 0.5, "rounds": 4, "tau": 2,
+        "eval_every": 2, "final_eval_draws": 3, "users_per_actor": 4}
+DIVERGES = {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
+            "eval_every": 6, "alpha": 0.05, "beta": 2.0, "final_eval_draws": 3,
+            "users_per_actor": 3, "algorithm": "perfedavg-hf"}  # NaN in round 2
+
+
+@pytest.fixture(scope="session")
+def tiny_results(ray_session, tmp_path_factory):
+    """A real results folder: TINY with FedAvg and HF for seeds 0 and 1, HF seed 0 with
+    standardized inputs, and one run (DIVERGES) that diverges in round 2."""
+    from perfed_ray.config import from_mapping
+    from perfed_ray.runtime import simulation
+    from perfed_ray.runtime.coordinator import Diverged
+
+    out = tmp_path_factory.mktemp("tiny-results")
+    configs = [{**TINY, "algorithm": a, "seed": s}
+               for a in ("fedavg", "perfedavg-hf") for s in (0, 1)]
+    configs.append({**TINY, "algorithm": "perfedavg-hf", "input_scale": "standardize"})
+    for values in configs:
+        simulation.run(simulation.prepare(from_mapping(values)), out)
+    with pytest.raises(Diverged):
+        simulation.run(simulation.prepare(from_mapping(DIVERGES)), out)
+    return out

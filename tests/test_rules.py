@@ -14,7 +14,7 @@ from perfed_ray.algorithms import (
     local_update,
     local_update_many,
 )
-from perfed_ray.algorithms.rules import perfedavg, perfedavg_hf, sgd
+from perfed_ray.algorithms.rules import perfedavg, perfedavg_fo, perfedavg_hf, sgd
 from perfed_ray.models import build_model, cross_entropy_loss, params_of
 
 
@@ -58,6 +58,37 @@ def test_hf_direction_tends_to_exact_as_delta_shrinks(problem):
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < errors[0] / 100
     assert errors[2] < 1e-6
+
+
+def test_normalized_hf_is_fixed_hf_with_delta_over_the_gradient_norm(problem):
+    loss, w, (d, d1, d2) = problem
+    g, _ = perfedavg_fo(loss, w, d, d1, d2, StepSizes(0.5, 0.1))
+    got, _ = perfedavg_hf(loss, w, d, d1, d2, StepSizes(0.5, 0.1, 1e-2, normalized_delta=True))
+    expected, _ = perfedavg_hf(loss, w, d, d1, d2, StepSizes(0.5, 0.1, 1e-2 / _norm(g)))
+    for k in w:
+        torch.testing.assert_close(got[k], expected[k])
+
+
+def test_normalized_hf_tends_to_exact_as_the_perturbation_shrinks(problem):
+    loss, w, (d, d1, d2) = problem
+    exact, _ = perfedavg(loss, w, d, d1, d2, StepSizes(0.5, 0.1))
+    errors = [_distance(perfedavg_hf(loss, w, d, d1, d2,
+                                     StepSizes(0.5, 0.1, delta, normalized_delta=True))[0],
+                        exact) / _norm(exact) for delta in (1e-1, 1e-3)]
+    assert errors[1] < errors[0] / 10 and errors[1] < 1e-6
+
+
+def test_normalized_hf_with_a_zero_gradient_is_zero_not_nan():
+    """A flat loss has g = 0: the guarded step keeps the difference 0 / finite."""
+    w = {"v": torch.ones(3, dtype=torch.float64)}
+    batch = (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
+
+    def flat(params, x, y):
+        return (params["v"] * 0).sum() + x.sum()
+
+    direction, _ = perfedavg_hf(flat, w, batch, batch, batch,
+                                StepSizes(0.5, 0.1, normalized_delta=True))
+    torch.testing.assert_close(direction["v"], torch.zeros(3, dtype=torch.float64))
 
 
 def test_hessian_vector_product_matches_reverse_over_reverse(problem):
@@ -120,10 +151,14 @@ def test_adapt_is_one_sgd_step(problem):
     assert loss(adapted, *d) < loss(w, *d)
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
-def test_vectorised_update_of_many_users_matches_one_at_a_time(problem, name):
+VARIANTS = [(name, False) for name in sorted(RULES)] + [("perfedavg-hf", True)]
+
+
+@pytest.mark.parametrize(("name", "normalized"), VARIANTS)
+def test_vectorised_update_of_many_users_matches_one_at_a_time(problem, name, normalized):
+    """Also for HF's delta / ||g||: each user's own ||g||, not one over the batch."""
     loss, w, _ = problem
-    s = StepSizes(alpha=0.05, beta=0.1)
+    s = StepSizes(alpha=0.05, beta=0.1, normalized_delta=normalized)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 3, 3, 40, 16, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 10, (4, 3, 3, 40), generator=gen)

@@ -41,7 +41,8 @@ def plain_loop(cfg, prepared) -> list[float]:
     """Seconds per round of a single-process loop over the sampled users."""
     model = build_model(cfg.model, prepared.data.input_shape, prepared.data.n_classes)
     learner = LocalLearner(cfg, model)
-    shards = [materialise(prepared.data, u, torch.device("cpu")) for u in prepared.users]
+    shards = [materialise(prepared.data, u, torch.device("cpu"), prepared.scaling)
+              for u in prepared.users]
     weights = simulation.initial_weights(cfg, prepared.source([]))
     flat = FlatParams({k: v.detach() for k, v in model.named_parameters()})
     seconds = []

@@ -26,11 +26,13 @@ LossFn = Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class StepSizes:
-    """alpha: inner (adaptation) step; beta: local step; delta: HF's difference step."""
+    """alpha: inner (adaptation) step; beta: local step; delta: HF's difference step,
+    divided by ||g|| when `normalized_delta` (so the perturbation has length delta)."""
 
     alpha: float
     beta: float
     delta: float = 1e-3
+    normalized_delta: bool = False
 
 
 def sgd(params: Params, direction: Params, lr: float) -> Params:
@@ -73,13 +75,27 @@ def perfedavg_fo(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
 def perfedavg_hf(loss: LossFn, w: Params, d: Batch, d1: Batch, d2: Batch,
                  s: StepSizes) -> tuple[Params, torch.Tensor]:
     """Per-FedAvg (HF), Section 5 (ii) and Appendix H: g - alpha * d with the
-    central difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta).
+    central difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta),
+    delta as :func:`difference_step` chooses it.
     """
     g, value = _outer_gradient(loss, w, d, d1, s)
-    plus = grad(loss)(axpy(w, g, s.delta), *d2)
-    minus = grad(loss)(axpy(w, g, -s.delta), *d2)
-    scale = s.alpha / (2 * s.delta)
+    step = difference_step(g, s)
+    plus = grad(loss)(axpy(w, g, step), *d2)
+    minus = grad(loss)(axpy(w, g, -step), *d2)
+    scale = s.alpha / (2 * step)
     return {k: g[k] - scale * (plus[k] - minus[k]) for k in g}, value
+
+
+def difference_step(g: Params, s: StepSizes) -> float | torch.Tensor:
+    """HF's delta: fixed (the paper's text), or delta / ||g||, so w moves by a fixed
+    length delta whatever the gradient's size (HF-MAML analyses scale it so; a fixed
+    delta times a large g is a large, inaccurate perturbation). ||g|| = 0 is guarded
+    by the smallest positive float: g = 0 then makes the difference 0, not NaN.
+    A tensor, not a Python float, so the rule stays traceable under vmap."""
+    if not s.normalized_delta:
+        return s.delta
+    norm = torch.sqrt(sum((v * v).sum() for v in g.values()))
+    return s.delta / torch.clamp(norm, min=torch.finfo(norm.dtype).tiny)
 
 
 def hessian_vector_product(loss: LossFn, w: Params, batch: Batch, v: Params) -> Params:

@@ -3,7 +3,8 @@
 Images are kept as uint8, flattened in channel-height-width order (the
 protocol's 784 and 3072 features), so one read-only copy can sit in Ray's
 object store and be shared by every actor of a node; a user's shard is
-turned into floats in [0, 1] only inside the actor that hosts it.
+turned into floats (by `input_scale`, see scaling.py) only inside the actor
+that hosts it.
 """
 
 from __future__ import annotations

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from perfed_ray.data.datasets import DataArrays
 from perfed_ray.data.partition import UserIndices
+from perfed_ray.data.scaling import InputScaling
 
 
 @dataclass(frozen=True)
 class Shard:
-    """One user's training and test samples, pixels scaled to [0, 1], on its device."""
+    """One user's training and test samples, pixels scaled by `input_scale`, on its device."""
 
     user: int
     group: str
@@ -23,16 +23,13 @@ class Shard:
     y_test: torch.Tensor
 
 
-def _floats(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(x.astype(np.float32) / 255.0).to(device)
-
-
-def materialise(data: DataArrays, idx: UserIndices, device: torch.device) -> Shard:
+def materialise(data: DataArrays, idx: UserIndices, device: torch.device,
+                scaling: InputScaling) -> Shard:
     """Copy the user's samples out of the (possibly shared, read-only) data set."""
     return Shard(
         idx.user, idx.group,
-        _floats(data.x_train[idx.train], device),
+        scaling.apply(data.x_train[idx.train], device),
         torch.from_numpy(data.y_train[idx.train]).to(device),
-        _floats(data.x_test[idx.test], device),
+        scaling.apply(data.x_test[idx.test], device),
         torch.from_numpy(data.y_test[idx.test]).to(device),
     )

@@ -13,6 +13,7 @@ import torch
 
 from perfed_ray.data.datasets import DataArrays, load_dataset
 from perfed_ray.data.partition import UserIndices
+from perfed_ray.data.scaling import InputScaling
 from perfed_ray.data.shards import Shard, materialise
 from perfed_ray.data.synthetic import CLASSES, FEATURES, synthetic_user
 
@@ -30,7 +31,8 @@ class ShardSource(Protocol):
 @dataclass(frozen=True)
 class PartitionedShards:
     """Users' index sets into a data set that is either shared through the object
-    store (`data` given) or read from the data root by the actor itself."""
+    store (`data` given) or read from the data root by the actor itself, and the
+    input scaling computed once on the driver."""
 
     dataset: str
     data_root: str
@@ -38,12 +40,13 @@ class PartitionedShards:
     indices: dict[int, UserIndices]
     input_shape: tuple[int, int, int]
     n_classes: int
+    scaling: InputScaling
 
     def shards(self, users: list[int], device: torch.device,
                data: DataArrays | None) -> dict[int, Shard]:
         if data is None:
             data = load_dataset(self.dataset, self.data_root, False, self.seed)
-        return {u: materialise(data, self.indices[u], device) for u in users}
+        return {u: materialise(data, self.indices[u], device, self.scaling) for u in users}
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,12 @@ from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
+    InputScaling,
     PartitionedShards,
     ShardSource,
     SyntheticShards,
     UserIndices,
+    input_scaling,
     load_dataset,
     partition,
     resolve_root,
@@ -50,11 +52,13 @@ from perfed_ray.seeding import Stream, numpy_rng
 
 @dataclass(frozen=True)
 class Prepared:
-    """A run's validated inputs: the data set (none for generated ones) and its users."""
+    """A run's validated inputs: the data set (none for generated ones), its users
+    and the input scaling every user's pixels get."""
 
     cfg: RunConfig
     data: DataArrays | None
     users: list[UserIndices] | None
+    scaling: InputScaling | None = None
 
     def source(self, block: list[int]) -> ShardSource:
         """What the actor hosting `block` needs to build its shards: ids and seeds
@@ -64,7 +68,7 @@ class Prepared:
             return SyntheticShards(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta)
         return PartitionedShards(cfg.dataset, str(cfg.data_root), cfg.seed,
                                  {u: self.users[u] for u in block}, self.data.input_shape,
-                                 self.data.n_classes)
+                                 self.data.n_classes, self.scaling)
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -78,7 +82,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     cfg = cfg.replace(data_root=str(resolve_root(cfg.data_root)),
                       paper_a=cfg.paper_a or PAPER_A[cfg.dataset])
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
-    return Prepared(cfg, data, partition(cfg, data))
+    return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
 
 
 def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:

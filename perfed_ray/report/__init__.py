@@ -1,0 +1,178 @@
+"""`perfed-ray report`: the extended Table 1, learning curves and per-group accuracies,
+regenerated from a results folder's Parquet alone.
+
+Writes into the report folder:
+
+- `table1.md`: per section (see :mod:`perfed_ray.report.cells`) one row per
+  Table 1 row and one column per method, each cell the mean over seeds with
+  two 95% intervals, the paper's figure and the difference in points;
+- `curves/<section>-<row>.png`: accuracy against round and against seconds;
+- `groups.md`: group A / group B accuracies before and after adaptation;
+- `runs.md`: every run, its status and its own interval over draws.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from perfed_ray.analysis import format_summary, read_table, summary
+from perfed_ray.errors import InputError
+from perfed_ray.paper import TABLE1, describe
+from perfed_ray.report.cells import (
+    METHODS,
+    NORMALIZED_HF,
+    TABLE_KEYS,
+    Cell,
+    cells,
+    finished,
+    ordered_methods,
+    run_results,
+)
+from perfed_ray.report.curves import plot, run_curves
+
+SECTIONS = {
+    "main": "Table 1 (protocol as in PROTOCOL.md)",
+    "leaking": "FedAvg adapted on TEST data (`adapt_on: test`): leaks test labels, "
+               "the paper's FedAvg text; not comparable with the main table",
+    "study": "Study: input scaling and HF's difference step",
+}
+LEGEND = (
+    "Each cell: mean over training seeds of the final personalised accuracy (%), "
+    "± the 95% t interval over seeds (from the per-seed means), [± the 95% t interval "
+    "over the final evaluation's adaptation draws of all seeds pooled, which is what the "
+    "paper's ± seems to be]; then the paper's figure and our difference in points. "
+    "Only finished runs give accuracies; diverged runs (NaN or infinite weights or "
+    "losses, the round given) and unfinished ones are counted, never averaged. "
+    "'not run': no run of that cell in the results.")
+
+
+def _section_rows(section: str, runs: pd.DataFrame) -> list[tuple]:
+    """The table rows of a section: Table 1's six rows first for the main and leaking
+    sections (shown even when not run); in the study, beside each studied row, its
+    protocol (main section) baseline."""
+    def rows_of(name: str) -> set[tuple]:
+        return {tuple(r) for r in runs.loc[runs["section"] == name, TABLE_KEYS]
+                .itertuples(index=False)}
+
+    present = rows_of(section)
+    if section == "study":
+        studied = {r[1:5] for r in present}
+        present |= {r for r in rows_of("main") if r[1:5] in studied}
+        return sorted(present, key=lambda r: (str(r[1:5]), r[0] != "main", r[5]))
+    if section in ("main", "leaking"):
+        fixed = [(section, *row, "unit") for row in TABLE1]
+        return fixed + sorted(present - set(fixed), key=str)
+    return sorted(present, key=str)
+
+
+def _methods(section: str, runs: pd.DataFrame) -> list[str]:
+    if section == "main":
+        return [m for m in METHODS if m != NORMALIZED_HF]
+    if section == "leaking":
+        return ordered_methods({"fedavg", *runs.loc[runs["section"] == section, "method"]})
+    pick = runs["section"] == section
+    if section == "study":
+        pick |= runs["section"] == "main"
+    return ordered_methods(runs.loc[pick, "method"])
+
+
+def _paper(section: str, row: tuple, method: str) -> float | None:
+    """The paper's figure for a cell, where the paper's setting is the cell's."""
+    if section.startswith("other"):
+        return None
+    algorithm = "perfedavg-hf" if method == NORMALIZED_HF else method
+    return TABLE1.get(tuple(row[1:5]), {}).get(algorithm)
+
+
+def _slug(row: tuple) -> str:
+    section, dataset, partition, tau, alpha, scale = row
+    name = f"{section}-{dataset}-{partition}-tau{tau}-alpha{alpha:g}-{scale}"
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", name).strip("_")
+
+
+def _label(row: tuple) -> str:
+    section, *rest = row
+    text = describe(tuple(rest[:4]))
+    scale = rest[4]
+    return text + (f", input {scale}" if section == "study" or scale != "unit" else "")
+
+
+def table1_markdown(runs: pd.DataFrame) -> str:
+    """Every section's table, Table 1's layout."""
+    by_cell = cells(runs)
+    sections = ["main", "leaking", *(s for s in ("study",) if (runs["section"] == s).any()),
+                *sorted({s for s in runs["section"] if s.startswith("other")})]
+    lines = ["# Extended Table 1 (Fallah et al. 2020), reproduced", "", LEGEND, ""]
+    for section in sections:
+        methods = _methods(section, runs)
+        title = SECTIONS.get(section, "Other settings: " + section[len("other: "):]
+                             + (" (LEAKS TEST LABELS)" if "adapt_on = test" in section else ""))
+        lines += [f"## {title}",
+                  "", "| row | " + " | ".join(methods) + " |",
+                  "| --- |" + " --- |" * len(methods)]
+        for row in _section_rows(section, runs):
+            texts = [by_cell.get((*row, m), Cell()).text(_paper(row[0], row, m))
+                     for m in methods]
+            where = " (protocol)" if section == "study" and row[0] == "main" else ""
+            lines.append(f"| {_label(row)}{where} | " + " | ".join(texts) + " |")
+        lines.append("")
+    lines += ["Learning curves: `curves/`; per-group accuracies: `groups.md`; every run: "
+              "`runs.md`.", ""]
+    return "\n".join(lines)
+
+
+def groups_markdown(runs: pd.DataFrame) -> str:
+    """Group A (classes 0-4) and group B (mostly one class of 5-9) users' accuracy before
+    and after the adaptation step: where personalisation helps."""
+    done = finished(runs)
+    lines = ["# Accuracy by group of users (final model, %, mean over seeds)", "",
+             "Group A: users holding classes 0-4 evenly; group B: users holding mostly one "
+             "class of 5-9 (PROTOCOL.md). Unweighted means over the users of the group, then "
+             "over finished seeds.", "",
+             "| section | row | method | seeds | A before | A after | B before | B after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    columns = [f"{m}_{g}" for g in ("A", "B") for m in ("acc_before", "acc_after")]
+    for key, frame in done.groupby([*TABLE_KEYS, "method"], sort=True):
+        values = [f"{100 * frame[c].mean():.2f}" if c in frame and frame[c].notna().any()
+                  else "-" for c in columns]
+        lines.append(f"| {key[0]} | {_label(key[:-1])} | {key[-1]} | {len(frame)} | "
+                     + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_curves(out: Path, runs: pd.DataFrame, dest: Path) -> list[Path]:
+    """One PNG per table row that has finished runs, every method in it."""
+    done = finished(runs)
+    if done.empty:
+        return []
+    curves = run_curves(read_table(out, "evals"), read_table(out, "rounds"))
+    paths = []
+    for row, frame in done.groupby(TABLE_KEYS, sort=True):
+        by_method = {m: curves[curves["run_id"].isin(frame.loc[frame["method"] == m,
+                                                                "run_id"])]
+                     for m in ordered_methods(frame["method"])}
+        path = dest / "curves" / f"{_slug(row)}.png"
+        plot(by_method, f"{_label(row)} [{row[0]}]", path)
+        paths.append(path)
+    return paths
+
+
+def write_report(out: str | Path, dest: str | Path | None = None) -> list[Path]:
+    """Write the report of results folder `out` into `dest` (default `out/report`);
+    returns the files written. Raises InputError when `out` holds no runs."""
+    out = Path(out)
+    if not out.is_dir():
+        raise InputError(f"results folder {str(out)!r} does not exist")
+    runs = run_results(out)
+    if runs.empty:
+        raise InputError(f"no runs under {str(out)!r}: expected {out}/runs/run_id=*/")
+    dest = Path(dest) if dest is not None else out / "report"
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {"table1.md": table1_markdown(runs), "groups.md": groups_markdown(runs),
+             "runs.md": "# Every run\n\n" + format_summary(summary(out), markdown=True) + "\n"}
+    for name, text in files.items():
+        (dest / name).write_text(text)
+    return [dest / name for name in files] + write_curves(out, runs, dest)

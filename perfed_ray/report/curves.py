@@ -1,0 +1,67 @@
+"""Learning curves: personalised accuracy against round and against training time.
+
+As the paper's Appendix I figures: every method of a Table 1 row in one
+figure, here the mean over seeds with its 95% t band (no band for one seed).
+Time is the cumulative `wall_seconds` of the rounds (training only, the
+evaluations excluded), so methods are compared at equal computation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from perfed_ray.analysis import mean_ci95
+
+
+def run_curves(evals: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per run and evaluated round: the accuracy after adaptation (mean over users and
+    draws) and the training seconds spent up to that round."""
+    acc = evals.groupby(["run_id", "round"])["acc_after"].mean().rename("accuracy")
+    ordered = rounds.sort_values(["run_id", "round"])
+    seconds = ordered.assign(seconds=ordered.groupby("run_id")["wall_seconds"].cumsum())
+    curves = acc.reset_index().merge(seconds[["run_id", "round", "seconds"]],
+                                     on=["run_id", "round"], how="left")
+    curves.loc[curves["round"] == 0, "seconds"] = 0.0
+    return curves
+
+
+def _mean_band(curves: pd.DataFrame) -> pd.DataFrame:
+    """Mean over runs (seeds) per round, with the 95% half-width and mean seconds."""
+    rows = []
+    for round_, frame in curves.groupby("round"):
+        acc, half = mean_ci95(frame["accuracy"].to_numpy())
+        rows.append({"round": round_, "accuracy": acc, "half": half,
+                     "seconds": frame["seconds"].mean()})
+    return pd.DataFrame(rows)
+
+
+def plot(curves_by_method: dict[str, pd.DataFrame], title: str, path: Path) -> None:
+    """One PNG, two panels (against round, against seconds), a line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for method, curves in curves_by_method.items():
+        mean = _mean_band(curves)
+        seeds = curves["run_id"].nunique()
+        for ax, x in zip(axes, ("round", "seconds"), strict=True):
+            line, = ax.plot(mean[x], 100 * mean["accuracy"],
+                            label=f"{method} ({seeds} seed{'s' if seeds > 1 else ''})")
+            ax.fill_between(mean[x], 100 * (mean["accuracy"] - mean["half"]),
+                            100 * (mean["accuracy"] + mean["half"]),
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+    axes[0].set_xlabel("round")
+    axes[1].set_xlabel("training seconds (cumulative, evaluations excluded)")
+    axes[0].set_ylabel("personalised accuracy % (mean over users)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,123 @@
+"""`perfed-ray report`: the extended Table 1, curves and groups from real tiny runs' Parquet."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from perfed_ray.cli import main
+from perfed_ray.config import RunConfig
+from perfed_ray.report import write_report
+from perfed_ray.report.cells import Cell, section_of
+
+T_975_1 = 12.706204736174698  # Student t, 97.5%, one degree of freedom (two seeds)
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def report(tiny_results, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("report")
+    return write_report(tiny_results, dest), dest
+
+
+def _final(tiny_results, algorithm, input_scale="unit"):
+    evals = pd.read_parquet(tiny_results / "evals")
+    return evals[evals["final"] & (evals["algorithm"] == algorithm)
+                 & (evals["input_scale"] == input_scale) & (evals["beta"] == 0.001)]
+
+
+def _row(text: str, label: str, section: str) -> list[str]:
+    """The cells of the table row `label` in the section whose title contains `section`."""
+    part = next(s for s in text.split("## ") if section in s)
+    line = next(x for x in part.splitlines() if x.startswith(f"| {label} |"))
+    return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def test_table1_cells_are_means_over_seeds_with_both_intervals(tiny_results, report):
+    _, dest = report
+    text = (dest / "table1.md").read_text()
+    final = _final(tiny_results, "fedavg")
+    per_run = final.groupby(["seed", "draw"])["acc_after"].mean()
+    seeds = per_run.groupby("seed").mean()
+    mean, half = seeds.mean(), T_975_1 * seeds.std(ddof=1) / math.sqrt(2)
+    # Settings other than the protocol's: a table of their own, the methods that ran,
+    # no paper figure.
+    fedavg, hf = _row(text, "gaussian, tau=2, alpha=0.01", "fraction = 0.5, n_users = 4")
+    assert fedavg.startswith(f"{100 * mean:.2f} ± {100 * half:.2f} [± ")
+    assert fedavg.endswith(", 2 seeds") and hf.endswith(", 2 seeds")
+    # The main table always shows Table 1's six rows, here not run, with the paper's figure.
+    main_row = _row(text, "MNIST, tau=10, alpha=0.01", "Table 1 (protocol")
+    assert main_row == ["not run<br>paper 75.96", "not run<br>paper 78.00",
+                        "not run<br>paper 79.85", "not run"]
+    assert "leaks test labels" in text
+
+
+def test_diverged_run_is_counted_never_averaged(report):
+    _, dest = report
+    text = (dest / "table1.md").read_text()
+    assert _row(text, "gaussian, tau=5, alpha=0.05", "beta = 2.0") == [
+        "**1 diverged** (round 2)"]
+    [standardized] = _row(text, "gaussian, tau=2, alpha=0.01, input standardize",
+                          "input_scale = standardize")
+    assert standardized.endswith("1 seed") and "± n/a" in standardized
+
+
+def test_learning_curves_are_pngs_one_per_row_with_finished_runs(report):
+    written, dest = report
+    pngs = sorted((dest / "curves").glob("*.png"))
+    assert len(pngs) == 2  # the unit and the standardized row; the diverged row has none
+    assert set(pngs) <= set(written)
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
+
+
+def test_groups_table_has_before_and_after_per_group(tiny_results, report):
+    _, dest = report
+    text = (dest / "groups.md").read_text()
+    final = _final(tiny_results, "perfedavg-hf")
+    by_seed = final.groupby(["seed", "group"])["acc_after"].mean().unstack()
+    line = next(x for x in text.splitlines() if "| perfedavg-hf | 2 |" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == f"{100 * by_seed['A'].mean():.2f}"
+    assert cells[7] == f"{100 * by_seed['B'].mean():.2f}"
+
+
+def test_report_command_and_its_errors(tiny_results, tmp_path, capsys):
+    assert main(["report", str(tiny_results), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "table1.md").is_file() and (tmp_path / "rep" / "runs.md").is_file()
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [f"error: no runs under '{tmp_path / 'empty'}': expected "
+                      f"{tmp_path / 'empty'}/runs/run_id=*/",
+                      f"error: results folder '{tmp_path / 'missing'}' does not exist"]
+
+
+def _run(**values) -> pd.Series:
+    cfg = RunConfig().replace(paper_a=196, **values)
+    return pd.Series(cfg.to_dict())
+
+
+@pytest.mark.parametrize(("values", "section"), [
+    ({}, "main"),
+    ({"algorithm": "fedavg", "hf_delta": "normalized"}, "main"),  # no HF: hf_delta moot
+    ({"algorithm": "fedavg", "adapt_on": "test"}, "leaking"),
+    ({"input_scale": "raw"}, "study"),
+    ({"hf_delta": "normalized"}, "study"),
+    ({"rounds": 40, "users_per_actor": None, "tag": "x"}, "other: rounds = 40"),
+    ({"algorithm": "fedavg", "delta": 0.1}, "main"),
+    ({"delta": 0.1}, "other: delta = 0.1"),
+])
+def test_sections_keep_variants_out_of_table1(values, section):
+    assert section_of(_run(**values)) == section
+
+
+def test_a_cell_with_finished_and_diverged_seeds():
+    cell = Cell([0.5, 0.7], [0.5, 0.5, 0.7, 0.7], diverged_rounds=[3], unfinished=1)
+    assert cell.text(55.0) == (f"60.00 ± {100 * T_975_1 * math.sqrt(0.02) / math.sqrt(2):.2f} "
+                               "[± 18.37], 2 seeds<br>paper 55.00 (+5.00)<br>"
+                               "**1 diverged** (round 3)<br>1 unfinished")
+    assert Cell().text(None) == "not run"

@@ -1,0 +1,61 @@
+"""experiments/table1.py: the grid it plans, which cells it skips, its dry run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import yaml
+from conftest import REPO, TINY
+
+from perfed_ray.analysis import read_runs
+
+
+@pytest.fixture(scope="module")
+def table1():
+    spec = importlib.util.spec_from_file_location("table1", REPO / "experiments" / "table1.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["table1"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["table1"]
+
+
+def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, tiny_results,
+                                                                      tmp_path):
+    row = {k: v for k, v in TINY.items() if k != "users_per_actor"}  # how, not what, it runs
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(row))
+    (tmp_path / "diverges.yaml").write_text(yaml.safe_dump(
+        {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
+         "eval_every": 6, "alpha": 0.05, "beta": 2.0, "final_eval_draws": 3}))
+    runs = read_runs(tiny_results)
+    cells = table1.grid(tmp_path, 3, False, ["fedavg", "perfedavg-hf"])
+    states = {cell.name(): table1.state(cell, runs)[0] for cell in cells}
+    assert len(cells) == 2 * (2 * 3 + 3)  # rows x (algorithms x seeds + leaking FedAvg)
+    for algorithm in ("fedavg", "perfedavg-hf"):
+        for seed, expected in ((0, "done"), (1, "done"), (2, "todo")):
+            assert states[f"tiny algorithm={algorithm} seed={seed}"] == expected
+    assert states["diverges algorithm=perfedavg-hf seed=0"] == "done"  # would diverge again
+    assert states["diverges algorithm=fedavg seed=0"] == "todo"
+    assert states["tiny algorithm=fedavg adapt_on=test seed=0"] == "todo"
+    scaled = [table1.Cell(tmp_path / "tiny.yaml", ("algorithm=perfedavg-hf", "seed=0",
+                                                   f"input_scale={s}"))
+              for s in ("standardize", "raw")]
+    assert [table1.state(c, runs)[0] for c in scaled] == ["done", "todo"]
+    # users_per_actor=auto is how the cell runs; the measured speed prices the rest.
+    todo = next(c for c in cells if c.name() == "tiny algorithm=fedavg seed=2")
+    assert "users_per_actor=auto" in table1.command(todo, tiny_results, "todo", None)
+    assert table1.estimate(todo, table1.step_seconds(runs)) < 60
+
+
+def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
+    assert table1.main(["--dry-run", "--study", "--out", str(tmp_path / "none")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # 6 rows x 4 algorithms x 3 seeds, 6 x 3 leaking FedAvg, the study:
+    # 2 rows x (2 scales x 3 algorithms + 3 scales x normalized HF) x 3 seeds.
+    assert lines[-1].startswith("144 cells, 0 done, 144 to run: about ")
+    assert sum(line.startswith("todo") for line in lines) == 144
+    assert "todo   cifar10-tau4-alpha0.01-diff algorithm=perfedavg-hf input_scale=raw " \
+           "hf_delta=normalized seed=2" in lines
+    assert not (tmp_path / "none").exists()  # a dry run writes nothing
