@@ -48,7 +48,8 @@ def results(out: Path) -> dict[str, pd.DataFrame]:
     for name, keys in COMPARED.items():
         table = read_table(out, name)
         if not table.empty:
-            table = table.drop(columns=MEASURED, errors="ignore").sort_values(keys).reset_index(drop=True)
+            table = table.drop(columns=MEASURED, errors="ignore")
+            table = table.sort_values(keys).reset_index(drop=True)
         tables[name] = table
     return tables
 

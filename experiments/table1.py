@@ -3,6 +3,7 @@
     python experiments/table1.py --dry-run                 # what would run, how long
     python experiments/table1.py                           # the grid, then the report
     python experiments/table1.py --study --jobs 2          # also the CIFAR-10 study
+    python experiments/table1.py mnist-tau10-alpha0.01     # one row only
 
 The grid: every row of Table 1 (experiments/configs/table1/*.yaml) times
 FedAvg, Per-FedAvg (FO), (HF) and exact Per-FedAvg, times `--seeds` training
@@ -69,11 +70,12 @@ class Cell:
 
 
 def grid(configs: Path, seeds: int, study: bool, algorithms: Iterable[str],
-         extra: Iterable[str] = ()) -> list[Cell]:
+         extra: Iterable[str] = (), only: Iterable[str] = ()) -> list[Cell]:
     """Every cell, main grid first (rows, algorithms, seeds), then the leaking FedAvg,
-    then the study; `extra` overrides (e.g. rounds=40) apply to all of them."""
-    extra = tuple(extra)
-    rows = sorted(configs.glob("*.yaml"))
+    then the study; `extra` overrides (e.g. rounds=40) apply to all of them; `only`
+    names the rows to keep (all when empty)."""
+    extra, only = tuple(extra), set(only)
+    rows = sorted(row for row in configs.glob("*.yaml") if not only or row.stem in only)
     algorithms = list(algorithms)
     cells = [Cell(row, (f"algorithm={a}", f"seed={s}", *extra))
              for row in rows for a in algorithms for s in range(seeds)]
@@ -173,6 +175,8 @@ def run_cells(plan: list[tuple[Cell, str, str | None]], out: Path, jobs: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", nargs="*", metavar="ROW",
+                        help="rows to run, e.g. mnist-tau10-alpha0.01 (default: all)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "table1")
     parser.add_argument("--configs", type=Path, default=CONFIGS,
                         help="folder of row configurations (default: configs/table1)")
@@ -185,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     parser.add_argument("--dry-run", action="store_true", help="list what would run")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.rows) - {row.stem for row in args.configs.glob("*.yaml")})
+    if unknown:
+        raise SystemExit(f"error: no row configuration {unknown[0]}.yaml in {args.configs}")
     runs = read_runs(args.out)
     plan = [(cell, *state(cell, runs)) for cell in
-            grid(args.configs, args.seeds, args.study, args.algorithms, args.set)]
+            grid(args.configs, args.seeds, args.study, args.algorithms, args.set, args.rows)]
     if not plan:
         raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]

@@ -59,3 +59,13 @@ def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
     assert "todo   cifar10-tau4-alpha0.01-diff algorithm=perfedavg-hf input_scale=raw " \
            "hf_delta=normalized seed=2" in lines
     assert not (tmp_path / "none").exists()  # a dry run writes nothing
+
+
+def test_named_rows_restrict_the_grid_and_unknown_rows_are_refused(table1, tmp_path, capsys):
+    out = str(tmp_path / "none")
+    assert table1.main(["mnist-tau10-alpha0.01", "--dry-run", "--out", out]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("15 cells, 0 done, 15 to run")  # 4 x 3 + 3 leaking FedAvg
+    assert all("mnist-tau10-alpha0.01" in line for line in lines[:-1])
+    with pytest.raises(SystemExit, match=r"no row configuration mnist-tau3\.yaml"):
+        table1.main(["mnist-tau3", "--dry-run", "--out", out])
