@@ -117,13 +117,12 @@ def _resumable(args: argparse.Namespace) -> tuple[configuration.RunConfig, Path,
 
 def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
     """A run's status and error from its runs row, (None, None) if it has none."""
-    import pyarrow.parquet as pq
+    from perfed_ray.analysis import read_table
 
-    path = out / "runs" / f"run_id={run_id}" / "part-0.parquet"
-    if not path.exists():
+    runs = read_table(out, "runs", run_id)
+    if runs.empty:
         return None, None
-    row = pq.read_table(path, columns=["status", "error"]).to_pylist()[0]
-    return row["status"], row["error"]
+    return runs["status"].iloc[0], runs["error"].iloc[0]
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -57,8 +57,8 @@ class ActorPool:
     def start(self, from_round: int) -> None:
         """Start every actor and wait until all hold their shards."""
         self.actors = [self.start_actor(i, 0) for i in range(len(self.blocks))]
-        described = ray.get([a.describe.remote() for a in self.actors])
-        self.record("actors", [self._row(i, d, from_round) for i, d in enumerate(described)])
+        self.record("actors", [self._row(i, d, from_round)
+                               for i, d in enumerate(self.describe())])
 
     def describe(self) -> list[dict[str, Any]]:
         return ray.get([a.describe.remote() for a in self.actors])
