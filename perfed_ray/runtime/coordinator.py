@@ -89,7 +89,7 @@ class Coordinator:
         self.writer = writer
         self.store = store
         self.on_progress = on_progress
-        self.weights = resume_from.weights if resume_from else weights
+        self.weights = weights  # w_0, or the checkpoint's w_k when resuming
         self.rounds_done = resume_from.round if resume_from else 0
         self.last_accuracy = resume_from.accuracy if resume_from else None
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0

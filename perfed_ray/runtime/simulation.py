@@ -177,8 +177,10 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     try:
         pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
         row["startup_seconds"] = time.perf_counter() - clock
-        coordinator = Coordinator(cfg, pool, initial_weights(cfg, prepared.source([])), writer,
-                                  store, on_progress, checkpoint, clock)
+        weights = checkpoint.weights if checkpoint else initial_weights(cfg,
+                                                                        prepared.source([]))
+        coordinator = Coordinator(cfg, pool, weights, writer, store, on_progress, checkpoint,
+                                  clock)
         coordinator.run()
         row["status"] = "finished"
         row.update(_peak_memory(pool))
