@@ -10,7 +10,7 @@ point                  where, and what ``n`` counts
 =====================  =======================================================
 ``driver-round``       driver, round ``n``'s training calls in flight
 ``driver-eval``        driver, the evaluation after round ``n`` in flight
-``driver-write``       driver, its ``n``-th Parquet part written under its
+``driver-write``       driver, its ``n``-th results file written under its
                        temporary name and not yet renamed into place
 ``driver-checkpoint``  driver, the checkpoint after round ``n`` written under
                        its temporary name and not yet renamed into place

@@ -86,7 +86,7 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, ref
     sittings = [
         ("driver-round@5", 3),  # mid-round: back to the checkpoint after round 3
         ("driver-checkpoint@6", 3),  # checkpoint 6 written, not yet renamed: still 3
-        ("driver-write@3", 3),  # the 3rd file of the sitting (round 4's evals) half-written
+        ("driver-write@3", 3),  # the 3rd write of the sitting (round 4's evals) half-done
     ]
     for fault, checkpoint_round in sittings:
         killed = _cli(["--resume", str(run_dir)], address, fault=fault)

@@ -32,8 +32,10 @@ def test_run_writes_all_three_tables_and_learns(ray_session, tmp_path):
     assert rounds["round"].tolist() == list(range(1, 13))
     assert all(len(u) == 3 == len(set(u)) for u in rounds["users"])
     assert (rounds["bytes_sent"] > 0).all() and (rounds["bytes_received"] > 0).all()
-    # Rows are flushed at every evaluation: one rounds part file per evaluation after round 0.
-    assert len(list((tmp_path / "rounds" / f"run_id={run_id}").glob("part-*.parquet"))) == 3
+    # Rows are appended to one file per table and run, rewritten at every flush.
+    for table in ("runs", "rounds", "evals"):
+        assert [p.name for p in (tmp_path / table / f"run_id={run_id}").iterdir()] == [
+            "part-0.parquet"]
 
     evals = pd.read_parquet(tmp_path / "evals")
     per_round = evals.groupby("round").size().to_dict()

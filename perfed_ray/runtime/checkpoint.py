@@ -5,7 +5,7 @@ Under ``<out>/checkpoints/run_id=<id>/``:
 - ``run.json``, written at the start of every sitting: the resolved configuration, the
   users' placement on actors, when the run started and how often it was resumed;
 - ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
-  round k, the global model w_k, how many part files of each table belong to rounds
+  round k, the global model w_k, how many rows of each table belong to rounds
   up to k, the wall time spent so far and the last evaluated accuracy.
 
 No random generator state is saved because the run has none that evolves: every
@@ -65,7 +65,7 @@ class Checkpoint:
 
     round: int
     weights: np.ndarray
-    parts: dict[str, int]
+    rows: dict[str, int]  # rows written per result table
     wall_seconds: float
     accuracy: tuple[int, float] | None
 
@@ -93,7 +93,7 @@ class RunStore:
                               f"start it again") from None
 
     def save(self, checkpoint: Checkpoint) -> None:
-        meta = json.dumps({"round": checkpoint.round, "parts": checkpoint.parts,
+        meta = json.dumps({"round": checkpoint.round, "rows": checkpoint.rows,
                            "wall_seconds": checkpoint.wall_seconds,
                            "accuracy": checkpoint.accuracy})
 
@@ -117,7 +117,7 @@ class RunStore:
             raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
                               f"start it again") from None
         accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
-        return Checkpoint(meta["round"], weights, meta["parts"], meta["wall_seconds"],
+        return Checkpoint(meta["round"], weights, meta["rows"], meta["wall_seconds"],
                           accuracy)
 
 

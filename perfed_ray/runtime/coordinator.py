@@ -158,7 +158,7 @@ class Coordinator:
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them."""
         self.writer.flush()
-        self.store.save(Checkpoint(round_, self.weights, dict(self.writer.parts),
+        self.store.save(Checkpoint(round_, self.weights, dict(self.writer.rows),
                                    self.wall_seconds(), self.last_accuracy))
 
     def wall_seconds(self) -> float:

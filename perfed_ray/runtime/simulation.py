@@ -158,7 +158,7 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         record = store.load_record()
         record = dataclasses.replace(record, resumes=record.resumes + 1, driver=_driver())
         checkpoint = store.load()
-        writer.resume(checkpoint.parts if checkpoint else {})
+        writer.resume(checkpoint.rows if checkpoint else {})
         placement = with_resources(cfg, _nodes(), record.blocks)
     else:
         placement = plan(cfg, _nodes())
