@@ -19,15 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from perfed_ray.analysis import read_table
+from perfed_ray.analysis import OUTCOME, outcome, read_table
 from perfed_ray.runtime.checkpoint import RunStore, locate
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
-COMPARED = {"rounds": ["round"], "evals": ["round", "user", "draw"], "events": ["round", "kind"]}
-MEASURED = ["wall_seconds", "run_id"]  # time taken and the run's name: not results
 
 
 def command(args: argparse.Namespace, out: Path) -> list[str]:
@@ -41,17 +37,6 @@ def timed(cmd: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     return time.perf_counter() - start
-
-
-def results(out: Path) -> dict[str, pd.DataFrame]:
-    tables = {}
-    for name, keys in COMPARED.items():
-        table = read_table(out, name)
-        if not table.empty:
-            table = table.drop(columns=MEASURED, errors="ignore")
-            table = table.sort_values(keys).reset_index(drop=True)
-        tables[name] = table
-    return tables
 
 
 def main() -> None:
@@ -79,7 +64,7 @@ def main() -> None:
     status_after_kill = runs["status"].iloc[0]
     seconds_resume = timed(["perfed-ray", "run", "--resume", str(run_dir), "--quiet"])
 
-    want, got = results(reference), results(killed)
+    want, got = outcome(reference), outcome(killed)
     lines = [
         "# Recovery: SIGKILL from outside, then --resume",
         "",
@@ -96,7 +81,7 @@ def main() -> None:
         "| table | rows (alone) | rows (resumed) | identical, except wall_seconds |",
         "| --- | --- | --- | --- |",
     ]
-    for name in COMPARED:
+    for name in OUTCOME:
         same = want[name].equals(got[name])
         lines.append(f"| {name} | {len(want[name])} | {len(got[name])} | "
                      f"{'yes' if same else 'NO'} |")
@@ -105,7 +90,7 @@ def main() -> None:
               f"{final['resumes']} resume."]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if not all(want[n].equals(got[n]) for n in COMPARED):
+    if not all(want[n].equals(got[n]) for n in OUTCOME):
         sys.exit(1)
 
 

@@ -77,6 +77,24 @@ def read_runs(out: str | Path) -> pd.DataFrame:
     return runs
 
 
+OUTCOME = {"rounds": ["round"], "evals": ["round", "user", "draw"], "events": ["round", "kind"]}
+MEASURED = ["wall_seconds", "run_id"]  # how long it took and the run's name: not results
+
+
+def outcome(out: str | Path) -> dict[str, pd.DataFrame]:
+    """What a run computed (its rounds, evals and events) without what may differ
+    between two runs of one configuration (timings, the run's name), rows in a fixed
+    order: a run resumed after a crash must compare equal to one left alone."""
+    tables = {}
+    for name, keys in OUTCOME.items():
+        table = read_table(out, name)
+        if not table.empty:
+            table = table.drop(columns=MEASURED, errors="ignore")
+            table = table.sort_values(keys, kind="stable").reset_index(drop=True)
+        tables[name] = table
+    return tables
+
+
 def per_draw_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     """Per run and adaptation draw of the final evaluation: the mean over users of the
     accuracy after adaptation (PROTOCOL.md's headline figure, once per draw)."""

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.config import from_mapping
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.checkpoint import RunStore
@@ -29,26 +30,15 @@ CONFIG = {"dataset": "gaussian", "n_users": 4, "fraction": 1.0, "rounds": 8, "ev
           "checkpoint_every": 3, "tau": 2, "beta": 0.2, "users_per_actor": 2,
           "algorithm": "perfedavg-fo", "dropout": 0.2, "stragglers": 0.2,
           "final_eval_draws": 2}
-COMPARED = ["rounds", "evals", "events"]
-MEASURED = ["wall_seconds", "run_id"]  # how long it took and the run's name: not results
-
-
-def _tables(out: Path) -> dict[str, pd.DataFrame]:
-    tables = {}
-    for name in COMPARED:
-        table = pd.read_parquet(out / name).drop(columns=MEASURED, errors="ignore")
-        keys = [c for c in ("round", "kind", "user", "draw") if c in table]
-        tables[name] = table.sort_values(keys).reset_index(drop=True)
-    return tables
 
 
 def _assert_same(out: Path, expected: dict[str, pd.DataFrame], failures: bool = False) -> None:
     """Equal tables; with `failures`, once the recorded actor failures are set aside."""
-    got = _tables(out)
+    got = outcome(out)
     if failures:
         events = got["events"]
         got["events"] = events[events["kind"] != "actor-died"].reset_index(drop=True)
-    for name in COMPARED:
+    for name in OUTCOME:
         pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
 
 
@@ -57,7 +47,7 @@ def reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
     """The tables of the same run, never interrupted."""
     out = tmp_path_factory.mktemp("reference")
     simulation.run(simulation.prepare(from_mapping(CONFIG)), out)
-    return _tables(out)
+    return outcome(out)
 
 
 def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -96,7 +86,7 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, ref
         # What a crash leaves behind is readable, and says the run did not finish.
         runs = pd.read_parquet(out / "runs")
         assert runs["status"].tolist() == ["running"]
-        for name in COMPARED:
+        for name in OUTCOME:
             pd.read_parquet(out / name)
         if fault.startswith("driver-write"):
             assert list(out.glob("evals/*/.part-*.tmp")), "killed mid-write"

@@ -164,23 +164,20 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         placement = plan(cfg, _nodes())
         record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
                            datetime.now(UTC).isoformat(), " ".join(sys.argv), driver=_driver())
+    pool = ActorPool(placement.blocks, actor_factory(prepared, placement), cfg.actor_retries,
+                     writer.add)
+    weights = checkpoint.weights if checkpoint else initial_weights(cfg, prepared.source([]))
+    coordinator = Coordinator(cfg, pool, weights, writer, store, on_progress, checkpoint, clock)
     store.save_record(record)
     row = {"status": "running", "started_at": datetime.fromisoformat(record.started_at),
            "resumes": record.resumes, "command": record.command,
            "n_actors": len(placement.blocks), "actor_cpus": placement.num_cpus,
            "actor_gpus": placement.num_gpus,
-           "rounds_done": checkpoint.round if checkpoint else 0, **_versions()}
+           "rounds_done": coordinator.rounds_done, **_versions()}
     writer.write_run(row)
-    pool = ActorPool(placement.blocks, actor_factory(prepared, placement), cfg.actor_retries,
-                     writer.add)
-    coordinator = None
     try:
         pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
         row["startup_seconds"] = time.perf_counter() - clock
-        weights = checkpoint.weights if checkpoint else initial_weights(cfg,
-                                                                        prepared.source([]))
-        coordinator = Coordinator(cfg, pool, weights, writer, store, on_progress, checkpoint,
-                                  clock)
         coordinator.run()
         row["status"] = "finished"
         row.update(_peak_memory(pool))
@@ -191,10 +188,8 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         raise
     finally:
         writer.flush()
-        row.update(ended_at=datetime.now(UTC),
-                   wall_seconds=(checkpoint.wall_seconds if checkpoint else 0.0)
-                   + time.perf_counter() - clock,
-                   rounds_done=coordinator.rounds_done if coordinator else row["rounds_done"])
+        row.update(ended_at=datetime.now(UTC), wall_seconds=coordinator.wall_seconds(),
+                   rounds_done=coordinator.rounds_done)
         writer.write_run(row)
         pool.stop()
     return run_id
