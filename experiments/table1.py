@@ -4,6 +4,7 @@
     python experiments/table1.py                           # the grid, then the report
     python experiments/table1.py --study --jobs 2          # also the CIFAR-10 study
     python experiments/table1.py mnist-tau10-alpha0.01     # one row only
+    python experiments/table1.py --study-only              # the study alone
 
 The grid: every row of Table 1 (experiments/configs/table1/*.yaml) times
 FedAvg, Per-FedAvg (FO), (HF) and exact Per-FedAvg, times `--seeds` training
@@ -16,8 +17,10 @@ Each cell is one `perfed-ray run` (with `users_per_actor=auto`, the fastest
 path on a small machine) into `--out`. A cell whose run already finished or
 diverged there (the same configuration, every key that changes numbers) is
 skipped; a stopped one is resumed from its checkpoint; so the script can be
-stopped and started again over several sittings. Do not run two of it on the
-same folder at once. It ends with `perfed-ray report OUT`.
+stopped and started again over several sittings. Two of it may share a folder
+only if they share no cells (say, one on the main grid's rows and one
+`--study-only`): each plans its cells once, at its start. It ends with
+`perfed-ray report OUT`.
 """
 
 from __future__ import annotations
@@ -70,16 +73,16 @@ class Cell:
 
 
 def grid(configs: Path, seeds: int, study: bool, algorithms: Iterable[str],
-         extra: Iterable[str] = (), only: Iterable[str] = ()) -> list[Cell]:
+         extra: Iterable[str] = (), only: Iterable[str] = (), main: bool = True) -> list[Cell]:
     """Every cell, main grid first (rows, algorithms, seeds), then the leaking FedAvg,
     then the study; `extra` overrides (e.g. rounds=40) apply to all of them; `only`
-    names the rows to keep (all when empty)."""
+    names the rows to keep (all when empty); without `main`, the study alone."""
     extra, only = tuple(extra), set(only)
     rows = sorted(row for row in configs.glob("*.yaml") if not only or row.stem in only)
     algorithms = list(algorithms)
     cells = [Cell(row, (f"algorithm={a}", f"seed={s}", *extra))
-             for row in rows for a in algorithms for s in range(seeds)]
-    if "fedavg" in algorithms:
+             for row in rows for a in algorithms for s in range(seeds)] if main else []
+    if main and "fedavg" in algorithms:
         cells += [Cell(row, ("algorithm=fedavg", "adapt_on=test", f"seed={s}", *extra))
                   for row in rows for s in range(seeds)]
     if study:
@@ -184,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
     parser.add_argument("--study", action="store_true",
                         help="also the CIFAR-10 input_scale x hf_delta study")
+    parser.add_argument("--study-only", action="store_true",
+                        help="the study's cells alone (e.g. beside a process running the "
+                             "main grid: two processes on one folder must not share cells)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override for every cell (part of its identity, e.g. rounds=40)")
     parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: no row configuration {unknown[0]}.yaml in {args.configs}")
     runs = read_runs(args.out)
     plan = [(cell, *state(cell, runs)) for cell in
-            grid(args.configs, args.seeds, args.study, args.algorithms, args.set, args.rows)]
+            grid(args.configs, args.seeds, args.study or args.study_only, args.algorithms,
+                 args.set, args.rows, main=not args.study_only)]
     if not plan:
         raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]

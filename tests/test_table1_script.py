@@ -59,6 +59,10 @@ def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
     assert "todo   cifar10-tau4-alpha0.01-diff algorithm=perfedavg-hf input_scale=raw " \
            "hf_delta=normalized seed=2" in lines
     assert not (tmp_path / "none").exists()  # a dry run writes nothing
+    assert table1.main(["--dry-run", "--study-only", "--out", str(tmp_path / "none")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("54 cells, 0 done, 54 to run")
+    assert all("input_scale=" in line for line in lines[:-1])
 
 
 def test_named_rows_restrict_the_grid_and_unknown_rows_are_refused(table1, tmp_path, capsys):
