@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pandas as pd
+import pytest
 
 from perfed_ray.config import RunConfig
+from perfed_ray.errors import ConfigError
 from perfed_ray.results.writer import RunWriter
+from perfed_ray.runtime.checkpoint import RunStore
 
 
 def _round(k: int) -> dict[str, object]:
@@ -35,3 +41,14 @@ def test_flushes_append_to_one_file_and_resume_cuts_back_to_the_checkpoint(tmp_p
 
     RunWriter(tmp_path, "r1", RunConfig(dataset="synthetic")).resume({})
     assert list(folder.iterdir()) == []
+
+
+def test_a_checkpoint_that_counts_part_files_is_refused_before_anything_is_deleted(tmp_path):
+    store = RunStore(tmp_path, "old")
+    store.folder.mkdir(parents=True)
+    meta = json.dumps({"round": 20, "parts": {"rounds": 2}, "wall_seconds": 1.0,
+                       "accuracy": None})
+    with open(store.folder / "checkpoint.npz", "wb") as file:
+        np.savez(file, weights=np.zeros(3), meta=np.array(meta))
+    with pytest.raises(ConfigError, match="older than one results file per table"):
+        store.load()

@@ -116,6 +116,10 @@ class RunStore:
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
                               f"start it again") from None
+        if "rows" not in meta:  # it counts part files, which this version's writer replaces
+            raise ConfigError(f"{path} was written by a perfed-ray older than one results file "
+                              f"per table and run: resume it with that version, or start "
+                              f"it again")
         accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
         return Checkpoint(meta["round"], weights, meta["rows"], meta["wall_seconds"],
                           accuracy)
