@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -56,3 +60,13 @@ def tiny_results(ray_session, tmp_path_factory):
     with pytest.raises(Diverged):
         simulation.run(simulation.prepare(from_mapping(DIVERGES)), out)
     return out
+
+
+def experiment_script(name: str) -> Iterator[ModuleType]:
+    """experiments/<name>.py imported as a module, for a module-scoped fixture."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[name]

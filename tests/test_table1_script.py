@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import yaml
-from conftest import REPO, TINY
+from conftest import TINY, experiment_script
 
 from perfed_ray.analysis import read_runs
 
 
 @pytest.fixture(scope="module")
 def table1():
-    spec = importlib.util.spec_from_file_location("table1", REPO / "experiments" / "table1.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["table1"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["table1"]
+    yield from experiment_script("table1")
 
 
 def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, tiny_results,
