@@ -66,11 +66,11 @@ def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.Dat
                          ).to_pandas()
 
 
-def read_runs(out: str | Path) -> pd.DataFrame:
+def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     """The runs table with configuration values that older results lack (a key added
     later reads back as null) filled in with the key's default, which is what those
     runs used."""
-    runs = read_table(out, "runs")
+    runs = read_table(out, "runs", run_id)
     for name, f in FIELDS.items():
         if name in runs and f.default is not None and runs[name].isna().any():
             runs[name] = runs[name].fillna(f.default)
@@ -122,14 +122,18 @@ def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# Keys whose non-default values mark a variant of the protocol, shown beside each run.
+VARIANT_KEYS = ["input_scale", "hf_delta", "adapt_on"]
+
+
 def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     """One row per run (or for one run): configuration, status, wall time, final accuracy."""
-    runs = read_table(out, "runs", run_id)
+    runs = read_runs(out, run_id)
     if runs.empty:
         return runs
-    cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", "seed", "status",
-            "rounds_done", "rounds", "wall_seconds", "startup_seconds", "n_actors",
-            "batch_users", "hostname"]
+    cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", *VARIANT_KEYS,
+            "seed", "status", "rounds_done", "rounds", "wall_seconds", "startup_seconds",
+            "n_actors", "batch_users", "hostname"]
     table = runs[cols]
     evals = read_table(out, "evals", run_id)
     if not evals.empty:
@@ -159,6 +163,9 @@ def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
         "algorithm": table["algorithm"],
         "tau": table["tau"],
         "alpha": table["alpha"],
+        "variant": [", ".join(f"{k}={row[k]}" for k in VARIANT_KEYS
+                              if row[k] != FIELDS[k].default) or "-"
+                    for _, row in table.iterrows()],
         "seed": table["seed"],
         "status": table["status"],
         "rounds": [f"{d}/{r}" for d, r in zip(table["rounds_done"], table["rounds"],

@@ -115,7 +115,7 @@ def test_run_and_summary_through_the_cli(tmp_path):
     assert summary.returncode == 0, summary.stderr
     lines = summary.stdout.strip().splitlines()
     assert lines[0].startswith("| run_id") and len(lines) == 3
-    assert "| gaussian | paper | perfedavg-fo | 2 | 0.01 | 0 | finished | 3/3 |" in lines[2]
+    assert "| gaussian | paper | perfedavg-fo | 2 | 0.01 | - | 0 | finished | 3/3 |" in lines[2]
 
     [run_dir] = (out / "checkpoints").iterdir()
     changed = _cli("run", "--resume", str(run_dir), "--set", "tau=3")

@@ -121,3 +121,12 @@ def test_a_cell_with_finished_and_diverged_seeds():
                                "[± 18.37], 2 seeds<br>paper 55.00 (+5.00)<br>"
                                "**1 diverged** (round 3)<br>1 unfinished")
     assert Cell().text(None) == "not run"
+
+
+def test_every_run_is_listed_with_the_variant_it_ran(report):
+    _, dest = report
+    lines = (dest / "runs.md").read_text().splitlines()
+    hf = [line for line in lines if "| perfedavg-hf | 2 | 0.01 |" in line]
+    assert len(hf) == 3  # seeds 0 and 1 on the protocol's inputs, seed 0 standardized
+    assert sum("| 0.01 | - |" in line for line in hf) == 2
+    assert sum("| 0.01 | input_scale=standardize | 0 |" in line for line in hf) == 1
