@@ -111,7 +111,7 @@ ACTORS_SCHEMA = pa.schema([
 
 TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA,
           "events": EVENTS_SCHEMA, "actors": ACTORS_SCHEMA}
-PARTED = [name for name in TABLES if name != "runs"]  # tables written part by part
+APPENDED = [name for name in TABLES if name != "runs"]  # tables that grow as the run goes
 
 
 def table_schema(name: str) -> pa.Schema:
@@ -142,8 +142,8 @@ class RunWriter:
         self.out = Path(out)
         self.run_id = run_id
         self.config = cfg.to_dict()
-        self.buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in PARTED}
-        self.rows = dict.fromkeys(PARTED, 0)  # rows on disk per table
+        self.buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in APPENDED}
+        self.rows = dict.fromkeys(APPENDED, 0)  # rows on disk per table
         self.writes = 0
         for name in TABLES:
             self.folder(name).mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,7 @@ class RunWriter:
         """Continue after the checkpoint that counted `rows` rows per table: rows
         written after it (and temporary files of an interrupted write) are removed, so
         the rounds replayed from the checkpoint are neither lost nor written twice."""
-        for name in PARTED:
+        for name in APPENDED:
             self.rows[name] = rows.get(name, 0)
             for path in self.folder(name).iterdir():
                 if path.name != self.FILE:
