@@ -143,26 +143,37 @@ class RunWriter:
         self.run_id = run_id
         self.config = cfg.to_dict()
         self.buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in APPENDED}
-        self.rows = dict.fromkeys(APPENDED, 0)  # rows on disk per table
+        # What each table's file holds, kept so that a flush appends without reading it back.
+        self.written: dict[str, pa.Table | None] = dict.fromkeys(APPENDED)
         self.writes = 0
         for name in TABLES:
             self.folder(name).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """Rows on disk per table: what a checkpoint counts."""
+        return {name: 0 if table is None else table.num_rows
+                for name, table in self.written.items()}
 
     def resume(self, rows: Mapping[str, int]) -> None:
         """Continue after the checkpoint that counted `rows` rows per table: rows
         written after it (and temporary files of an interrupted write) are removed, so
         the rounds replayed from the checkpoint are neither lost nor written twice."""
         for name in APPENDED:
-            self.rows[name] = rows.get(name, 0)
             for path in self.folder(name).iterdir():
                 if path.name != self.FILE:
                     path.unlink()
-            path = self.folder(name) / self.FILE
-            if path.exists() and self.rows[name] == 0:
+            path, kept = self.folder(name) / self.FILE, rows.get(name, 0)
+            if not path.exists():
+                continue
+            if kept == 0:
                 path.unlink()
-            elif path.exists():
-                kept = pq.read_table(path).slice(0, self.rows[name])
-                write_atomically(path, lambda tmp, kept=kept: pq.write_table(kept, tmp))
+                continue
+            table = pq.read_table(path)
+            if table.num_rows > kept:
+                table = table.slice(0, kept)
+                write_atomically(path, lambda tmp, t=table: pq.write_table(t, tmp))
+            self.written[name] = table
 
     def folder(self, table: str) -> Path:
         return self.out / table / f"run_id={self.run_id}"
@@ -185,13 +196,13 @@ class RunWriter:
         self.buffers[table].extend(rows)
 
     def flush(self) -> None:
-        """Append the buffered rows to each table's file (read back and rewritten whole:
-        kilobytes to a few megabytes, next to minutes of training between flushes)."""
+        """Append the buffered rows to each table's file, rewritten whole from the rows
+        held here (kilobytes to a few megabytes, next to minutes of training between
+        flushes)."""
         for name, rows in self.buffers.items():
             if rows:
-                path = self.folder(name) / self.FILE
-                new = self._table(name, rows)
-                table = pa.concat_tables([pq.read_table(path), new]) if self.rows[name] else new
-                self._write(table, path)
-                self.rows[name] += len(rows)
+                held, new = self.written[name], self._table(name, rows)
+                table = new if held is None else pa.concat_tables([held, new])
+                self._write(table, self.folder(name) / self.FILE)
+                self.written[name] = table
                 rows.clear()
