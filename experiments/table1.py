@@ -52,7 +52,7 @@ RUN_WITH = ["users_per_actor=auto"]  # execution only: not part of a cell's iden
 # in parallel on 2 cores), from the 1000-round MNIST runs in experiments/results/README.md
 # (2.7, 3.1, 10.8 minutes; exact assumed as HF); CIFAR-10's 3072 inputs make the MLP's
 # first layer, most of its work, about 4 times MNIST's. Finished runs in the results
-# folder replace these guesses (see `step_seconds`).
+# folder replace these guesses (see `estimate`).
 STEP_SECONDS = {"fedavg": 0.0162, "perfedavg-fo": 0.0186, "perfedavg-hf": 0.0648,
                 "perfedavg": 0.0648}
 DATASET_FACTOR = {"mnist": 1.0, "cifar10": 4.0}
@@ -124,20 +124,29 @@ def state(cell: Cell, runs: pd.DataFrame) -> tuple[str, str | None]:
     return "todo", None
 
 
-def step_seconds(runs: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """Measured seconds per local step per (dataset, algorithm), from finished runs."""
+def timings(runs: pd.DataFrame) -> pd.DataFrame:
+    """Finished runs' seconds per round, with what the price of a round depends on."""
     done = runs[runs["status"] == "finished"] if not runs.empty else runs
     if done.empty:
-        return {}
-    per_step = done["wall_seconds"] / (done["rounds_done"] * done["tau"])
-    return per_step.groupby([done["dataset"], done["algorithm"]]).median().to_dict()
+        return pd.DataFrame(columns=["dataset", "algorithm", "tau", "per_round"])
+    return done.assign(per_round=done["wall_seconds"] / done["rounds_done"])[
+        ["dataset", "algorithm", "tau", "per_round"]]
 
 
-def estimate(cell: Cell, measured: dict[tuple[str, str], float]) -> float:
-    """Seconds one cell will take: measured where possible, else the defaults above."""
+def estimate(cell: Cell, measured: pd.DataFrame) -> float:
+    """Seconds one cell will take: the median round of finished runs of its dataset,
+    algorithm and tau; else their median local step times tau, which overprices a
+    larger tau (evaluation and messaging cost a round the same whatever tau is);
+    else the defaults above."""
     cfg = cell.cfg()
-    per_step = measured.get((cfg.dataset, cfg.algorithm))
-    if per_step is None:
+    like = measured[(measured["dataset"] == cfg.dataset)
+                    & (measured["algorithm"] == cfg.algorithm)]
+    same_tau = like[like["tau"] == cfg.tau]
+    if not same_tau.empty:
+        return float(same_tau["per_round"].median()) * cfg.rounds
+    if not like.empty:
+        per_step = float((like["per_round"] / like["tau"]).median())
+    else:
         per_step = STEP_SECONDS[cfg.algorithm] * DATASET_FACTOR.get(cfg.dataset, 1.0)
     return per_step * cfg.rounds * cfg.tau
 
@@ -205,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     if not plan:
         raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]
-    measured = step_seconds(runs)
+    measured = timings(runs)
     seconds = sum(estimate(cell, measured) for cell, _, _ in todo)
     for cell, how, run_id in plan:
         print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
     print(f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: about "
           f"{seconds / 3600:.1f} hours one at a time on this machine's kind "
-          f"(seconds per step measured from finished runs in {args.out} where it has some, "
+          f"(seconds per round measured from finished runs in {args.out} where it has some, "
           f"else assumed)")
     if args.dry_run:
         return 0

@@ -38,7 +38,16 @@ def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, ti
     # users_per_actor=auto is how the cell runs; the measured speed prices the rest.
     todo = next(c for c in cells if c.name() == "tiny algorithm=fedavg seed=2")
     assert "users_per_actor=auto" in table1.command(todo, tiny_results, "todo", None)
-    assert table1.estimate(todo, table1.step_seconds(runs)) < 60
+    measured = table1.timings(runs)
+    assert table1.estimate(todo, measured) < 60
+    # A round is priced from runs with the same tau, else per local step.
+    like = measured[(measured["algorithm"] == "fedavg") & (measured["dataset"] == "gaussian")]
+    assert set(like["tau"]) == {TINY["tau"]}
+    assert table1.estimate(todo, measured) == pytest.approx(
+        like["per_round"].median() * TINY["rounds"])
+    other_tau = table1.Cell(todo.config, (*todo.sets, "tau=6"))
+    assert table1.estimate(other_tau, measured) == pytest.approx(
+        (like["per_round"] / like["tau"]).median() * 6 * TINY["rounds"])
 
 
 def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
