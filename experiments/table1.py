@@ -159,17 +159,24 @@ def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
     return [*cli, str(cell.config), *sets, "--out", str(out), "--quiet"]
 
 
-def run_cells(plan: list[tuple[Cell, str, str | None]], out: Path, jobs: int) -> int:
+def run_cells(cells: list[Cell], out: Path, jobs: int) -> int:
     """Run the cells, at most `jobs` side by side, each logging to out/logs/grid-N.txt;
-    returns how many exited with an error (diverged runs included: status 1)."""
+    returns how many exited with an error (diverged runs included: status 1). A cell's
+    state is read again as it starts, so one finished meanwhile (by another process
+    sharing the folder) is skipped rather than resumed."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    waiting, running, failures = list(enumerate(plan)), [], 0
+    waiting, running, failures = list(enumerate(cells)), [], 0
     while waiting or running:
         while waiting and len(running) < jobs:
-            i, (cell, how, run_id) = waiting.pop(0)
+            i, cell = waiting.pop(0)
+            how, run_id = state(cell, read_runs(out))
+            if how == "done":
+                print(f"skip  [{i + 1}/{len(cells)}] done meanwhile: {cell.name()} ({run_id})",
+                      flush=True)
+                continue
             log = open(logs / f"grid-{time.strftime('%Y%m%d-%H%M%S')}-{i}.txt", "w")  # noqa: SIM115
-            print(f"start [{i + 1}/{len(plan)}] {how}: {cell.name()} (log {log.name})",
+            print(f"start [{i + 1}/{len(cells)}] {how}: {cell.name()} (log {log.name})",
                   flush=True)
             process = subprocess.Popen(command(cell, out, how, run_id), stdout=log,
                                        stderr=subprocess.STDOUT)
@@ -180,7 +187,7 @@ def run_cells(plan: list[tuple[Cell, str, str | None]], out: Path, jobs: int) ->
             log.close()
             running.remove(entry)
             failures += process.returncode != 0
-            print(f"end   [{i + 1}/{len(plan)}] exit {process.returncode}: {cell.name()}",
+            print(f"end   [{i + 1}/{len(cells)}] exit {process.returncode}: {cell.name()}",
                   flush=True)
     return failures
 
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
           f"else assumed)")
     if args.dry_run:
         return 0
-    failures = run_cells(todo, args.out, args.jobs)
+    failures = run_cells([cell for cell, _, _ in todo], args.out, args.jobs)
     if failures:
         print(f"{failures} cells exited with an error (diverged or failed: see the report "
               f"and {args.out}/logs)")

@@ -74,3 +74,17 @@ def test_named_rows_restrict_the_grid_and_unknown_rows_are_refused(table1, tmp_p
     assert all("mnist-tau10-alpha0.01" in line for line in lines[:-1])
     with pytest.raises(SystemExit, match=r"no row configuration mnist-tau3\.yaml"):
         table1.main(["mnist-tau3", "--dry-run", "--out", out])
+
+
+def test_a_cell_finished_meanwhile_is_skipped_when_its_turn_comes(table1, tmp_path, capsys):
+    # The same cell planned twice stands for two processes sharing the folder: by the
+    # second's turn the first has finished it, and it must not be resumed or rerun.
+    row = {k: v for k, v in TINY.items() if k != "users_per_actor"}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(row))
+    [cell] = table1.grid(tmp_path, 1, False, ["perfedavg-fo"])[:1]
+    out = tmp_path / "results"
+    assert table1.run_cells([cell, cell], out, jobs=1) == 0
+    printed = capsys.readouterr().out
+    assert "start [1/2] todo: tiny algorithm=perfedavg-fo seed=0" in printed
+    assert "skip  [2/2] done meanwhile: tiny algorithm=perfedavg-fo seed=0" in printed
+    assert list(read_runs(out)["status"]) == ["finished"]
