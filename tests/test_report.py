@@ -9,8 +9,8 @@ import pytest
 
 from perfed_ray.cli import main
 from perfed_ray.config import RunConfig
-from perfed_ray.report import write_report
-from perfed_ray.report.cells import Cell, section_of
+from perfed_ray.report import table1_markdown, write_report
+from perfed_ray.report.cells import Cell, method_of, section_of
 
 T_975_1 = 12.706204736174698  # Student t, 97.5%, one degree of freedom (two seeds)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -97,7 +97,8 @@ def test_report_command_and_its_errors(tiny_results, tmp_path, capsys):
 
 
 def _run(**values) -> pd.Series:
-    cfg = RunConfig().replace(paper_a=196, **values)
+    values = {"paper_a": 196, **values}
+    cfg = RunConfig().replace(**values)
     return pd.Series(cfg.to_dict())
 
 
@@ -130,3 +131,27 @@ def test_every_run_is_listed_with_the_variant_it_ran(report):
     assert len(hf) == 3  # seeds 0 and 1 on the protocol's inputs, seed 0 standardized
     assert sum("| 0.01 | - |" in line for line in hf) == 2
     assert sum("| 0.01 | input_scale=standardize | 0 |" in line for line in hf) == 1
+
+
+def test_the_study_shows_the_protocol_runs_beside_hf_with_normalized_delta():
+    """The protocol's runs (main section) and HF with delta / ||g|| on the same inputs
+    (study section) fill one study row, not two half-empty ones."""
+    row = {"dataset": "cifar10", "paper_a": 68, "tau": 4, "alpha": 0.01}
+    runs = pd.DataFrame([
+        {**_run(**row, **values), "run_id": f"r{i}", "status": "finished",
+         "accuracy": accuracy, "draws": [accuracy], "rounds_done": 1000}
+        for i, (values, accuracy) in enumerate([
+            ({"algorithm": "fedavg"}, 0.6),
+            ({"algorithm": "perfedavg-hf", "hf_delta": "normalized"}, 0.5),
+            ({"algorithm": "perfedavg-hf", "input_scale": "standardize"}, 0.4)])])
+    runs["section"] = runs.apply(section_of, axis=1)
+    runs["method"] = runs.apply(method_of, axis=1)
+    text = table1_markdown(runs)
+    study = text.split("## Study")[1]
+    assert [line.split(" |")[0] for line in study.splitlines() if line.startswith("| CIFAR")] == [
+        "| CIFAR-10, tau=4, alpha=0.01, input unit (protocol)",
+        "| CIFAR-10, tau=4, alpha=0.01, input standardize"]
+    fedavg, hf, normalized = _row(text, "CIFAR-10, tau=4, alpha=0.01, input unit (protocol)",
+                                  "Study")
+    assert fedavg.startswith("60.00 ± n/a") and normalized.startswith("50.00 ± n/a")
+    assert hf == "not run<br>paper 46.32"

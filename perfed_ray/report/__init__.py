@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfed_ray.analysis import format_summary, read_table, summary
+from perfed_ray.config import FIELDS
 from perfed_ray.errors import InputError
 from perfed_ray.paper import TABLE1, describe
 from perfed_ray.report.cells import (
@@ -32,6 +33,8 @@ from perfed_ray.report.cells import (
     run_results,
 )
 from perfed_ray.report.curves import plot, run_curves
+
+PROTOCOL_SCALE = FIELDS["input_scale"].default
 
 SECTIONS = {
     "main": "Table 1 (protocol as in PROTOCOL.md)",
@@ -51,21 +54,27 @@ LEGEND = (
 
 def _section_rows(section: str, runs: pd.DataFrame) -> list[tuple]:
     """The table rows of a section: Table 1's six rows first for the main and leaking
-    sections (shown even when not run); in the study, beside each studied row, its
-    protocol (main section) baseline."""
-    def rows_of(name: str) -> set[tuple]:
-        return {tuple(r) for r in runs.loc[runs["section"] == name, TABLE_KEYS]
-                .itertuples(index=False)}
-
-    present = rows_of(section)
+    sections (shown even when not run); in the study, each studied row on the protocol's
+    inputs first (see `_cell`), then on the other scales."""
+    present = {tuple(r) for r in runs.loc[runs["section"] == section, TABLE_KEYS]
+               .itertuples(index=False)}
     if section == "study":
-        studied = {r[1:5] for r in present}
-        present |= {r for r in rows_of("main") if r[1:5] in studied}
-        return sorted(present, key=lambda r: (str(r[1:5]), r[0] != "main", r[5]))
+        present |= {(section, *r[1:5], PROTOCOL_SCALE) for r in present}
+        return sorted(present, key=lambda r: (str(r[1:5]), r[5] != PROTOCOL_SCALE, r[5]))
     if section in ("main", "leaking"):
-        fixed = [(section, *row, "unit") for row in TABLE1]
+        fixed = [(section, *row, PROTOCOL_SCALE) for row in TABLE1]
         return fixed + sorted(present - set(fixed), key=str)
     return sorted(present, key=str)
+
+
+def _cell(by_cell: dict[tuple, Cell], row: tuple, method: str) -> Cell:
+    """A cell of a table row. The study's row on the protocol's inputs holds the main
+    table's runs beside HF with delta / ||g||, so the baseline and the variant sit in
+    one row."""
+    cell = by_cell.get((*row, method))
+    if cell is None and row[0] == "study" and row[5] == PROTOCOL_SCALE:
+        cell = by_cell.get(("main", *row[1:], method))
+    return cell or Cell()
 
 
 def _methods(section: str, runs: pd.DataFrame) -> list[str]:
@@ -97,7 +106,7 @@ def _label(row: tuple) -> str:
     section, *rest = row
     text = describe(tuple(rest[:4]))
     scale = rest[4]
-    return text + (f", input {scale}" if section == "study" or scale != "unit" else "")
+    return text + (f", input {scale}" if section == "study" or scale != PROTOCOL_SCALE else "")
 
 
 def table1_markdown(runs: pd.DataFrame) -> str:
@@ -114,9 +123,8 @@ def table1_markdown(runs: pd.DataFrame) -> str:
                   "", "| row | " + " | ".join(methods) + " |",
                   "| --- |" + " --- |" * len(methods)]
         for row in _section_rows(section, runs):
-            texts = [by_cell.get((*row, m), Cell()).text(_paper(row[0], row, m))
-                     for m in methods]
-            where = " (protocol)" if section == "study" and row[0] == "main" else ""
+            texts = [_cell(by_cell, row, m).text(_paper(row[0], row, m)) for m in methods]
+            where = " (protocol)" if section == "study" and row[5] == PROTOCOL_SCALE else ""
             lines.append(f"| {_label(row)}{where} | " + " | ".join(texts) + " |")
         lines.append("")
     lines += ["Learning curves: `curves/`; per-group accuracies: `groups.md`; every run: "
