@@ -12,8 +12,8 @@ w and batches, and the relative error of HF's Hessian term is recorded:
     ||direction_HF - direction_exact|| / ||direction_exact - g||
 
 for the two alpha = 0.01 rows the CIFAR-10 study varies (and MNIST's tau = 10 row), over
-`input_scale` and `hf_delta`. Pure torch.func, no Ray: it reuses the rules the actors
-run. Writes Parquet and a Markdown summary to `--out`.
+`input_scale` and `hf_delta`. Pure torch.func, no Ray: it reuses the algorithms and
+the batches the actors run. Writes Parquet and a Markdown summary to `--out`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ import pandas as pd
 import torch
 
 from perfed_ray import config as configuration
-from perfed_ray.algorithms import RULES, Params
-from perfed_ray.learner import LocalLearner
+from perfed_ray.algorithms import Params
+from perfed_ray.engines.functional import FunctionalOps
+from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, params_of
+from perfed_ray.registry import ALGORITHMS
 from perfed_ray.runtime.simulation import initial_weights, prepare
 
 HERE = Path(__file__).resolve().parent
@@ -53,19 +55,21 @@ def trajectory_errors(row: str, scale: str, delta: str, rounds: int,
     shards = source.shards(users, torch.device("cpu"), prepared.data)
     model = build_model(cfg.model, source.input_shape, source.n_classes)
     flat = FlatParams(params_of(model))
-    learner = LocalLearner(cfg, model)
-    exact, hf, loss, steps = RULES["perfedavg"], RULES["perfedavg-hf"], learner.loss, learner.steps
+    learner = Learner(cfg, model, shards)
+    exact, hf, fo = (ALGORITHMS.load(name)(cfg)
+                     for name in ("perfedavg", "perfedavg-hf", "perfedavg-fo"))
+    ops = FunctionalOps(model)
     rows = []
     for user in users:
         w = flat.unflatten(initial_weights(cfg, source))
         for step in range(rounds * cfg.tau):
             round_, t = divmod(step, cfg.tau)
             if t == 0:
-                x, y = learner.local_batches(shards[user], round_)
+                x, y = learner.local_batches(user, round_)
             batches = [(x[t, i], y[t, i]) for i in range(3)]
-            d_exact, _ = exact(loss, w, *batches, steps)
-            d_hf, _ = hf(loss, w, *batches, steps)
-            g, _ = RULES["perfedavg-fo"](loss, w, *batches, steps)
+            d_exact, _ = exact.direction(ops, w, batches)
+            d_hf, _ = hf.direction(ops, w, batches)
+            g, _ = fo.direction(ops, w, batches)
             hessian_term = norm({k: d_exact[k] - g[k] for k in g})
             rows.append({
                 "row": row, "input_scale": scale, "hf_delta": delta, "user": user,

@@ -37,7 +37,7 @@ import pandas as pd
 
 from perfed_ray import config as configuration
 from perfed_ray.analysis import read_runs
-from perfed_ray.data.datasets import PAPER_A
+from perfed_ray.data.datasets import paper_a
 from perfed_ray.report import write_report
 from perfed_ray.report.cells import MECHANICS
 from perfed_ray.runtime.checkpoint import FOLDER
@@ -102,7 +102,7 @@ def identity(cfg: configuration.RunConfig) -> dict[str, object]:
     """The configuration values that change a run's numbers (`auto` paper_a resolved)."""
     values = {k: v for k, v in cfg.to_dict().items() if k not in MECHANICS}
     if values["paper_a"] is None:
-        values["paper_a"] = PAPER_A.get(cfg.dataset)
+        values["paper_a"] = paper_a(cfg.dataset)
     return values
 
 

@@ -133,7 +133,7 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
         return runs
     cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", *VARIANT_KEYS,
             "seed", "status", "rounds_done", "rounds", "wall_seconds", "startup_seconds",
-            "n_actors", "batch_users", "hostname"]
+            "n_actors", "engine", "hostname"]
     table = runs[cols]
     evals = read_table(out, "evals", run_id)
     if not evals.empty:

@@ -14,21 +14,17 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from perfed_ray import config as configuration
+from perfed_ray.api import LOGS, REPORT
 from perfed_ray.errors import ConfigError, InputError
-
-LOGS = "logs"  # tracebacks of failed runs, under the results folder
-REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
 
 
 class ProgressDisplay:
     """One status line, redrawn in place on a terminal, printed at evaluations otherwise."""
 
-    def __init__(self, run_id: str, stream=sys.stderr) -> None:
-        self.run_id = run_id
+    def __init__(self, stream=sys.stderr) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self.last_printed: int | None = None
@@ -55,131 +51,60 @@ def _duration(seconds: float) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s")
 
 
-def _check_out(out: Path) -> None:
-    """A results folder must be creatable, writable, and empty or perfed-ray's own:
-    runs are added to it side by side, but never mixed into someone else's files."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--out {str(out)!r} cannot be created ({err.strerror}): choose a "
-                          f"writable folder") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
-    from perfed_ray.results.writer import TABLES
-    from perfed_ray.runtime.checkpoint import FOLDER
-
-    ours = {*TABLES, FOLDER, LOGS, REPORT}
-    foreign = sorted(p.name for p in out.iterdir()
-                     if p.name not in ours and not p.name.startswith("."))
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ConfigError(f"--out {str(out)!r} is not empty and not a perfed-ray results "
-                          f"folder (it holds {shown}): choose an empty or new folder, or an "
-                          f"existing results folder")
-
-
-def _resumable(args: argparse.Namespace) -> tuple[configuration.RunConfig, Path, str]:
-    """The configuration, results folder and id of the run `--resume` names, after
-    checking that it can and should be continued."""
-    from perfed_ray.runtime.checkpoint import RunStore, locate
-
-    out, run_id = locate(args.resume)
-    if args.out is not None and Path(args.out).resolve() != out.resolve():
-        raise ConfigError(f"--out {args.out!r} differs from the folder of the run being "
-                          f"resumed ({out}): drop --out")
-    record = RunStore(out, run_id).load_record()
-    if (pid := record.live_driver()) is not None:
-        raise ConfigError(f"run {run_id} is still running (driver pid {pid} on this machine): "
-                          f"stop it first, or wait for it")
-    stored = configuration.from_mapping(record.config)
-    if args.config is not None or args.set:  # a file is compared whole, --set on its own
-        given = (configuration.load(args.config, args.set) if args.config is not None else
-                 configuration.from_mapping({**stored.to_dict(),
-                                             **configuration.parse_overrides(args.set)}))
-        changed = [(k, v, getattr(given, k)) for k, v in stored.to_dict().items()
-                   if getattr(given, k) != v
-                   and not (configuration.FIELDS[k].metadata["auto"] and getattr(given, k) is None)]
-        if changed:
-            k, old, new = changed[0]
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise ConfigError(f"--resume: run {run_id} was started with a different "
-                              f"configuration: {k} = {old!r} there, {new!r} here{more}; give "
-                              f"--resume alone to continue it as it was, or start a new run")
-    status, error = _status(out, run_id)
-    if status == "finished":
-        raise ConfigError(f"run {run_id} already finished all {stored.rounds} rounds: "
-                          f"nothing to resume")
-    if status == "diverged":
-        raise ConfigError(f"run {run_id} diverged ({error}); resuming would diverge again: "
-                          f"start a new run with a smaller beta or alpha")
-    return stored, out, run_id
-
-
-def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
-    """A run's status and error from its runs row, (None, None) if it has none."""
-    from perfed_ray.analysis import read_table
-
-    runs = read_table(out, "runs", run_id)
-    if runs.empty:
-        return None, None
-    return runs["status"].iloc[0], runs["error"].iloc[0]
-
-
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # a scheduler's SIGTERM ends the run like Ctrl-C: marked, resumable
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.resume:
-        cfg, out, run_id = _resumable(args)
-    else:
-        cfg, run_id = configuration.load(args.config, args.set), None
-        out = Path(args.out or "results")
-        _check_out(out)
-    print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), {cfg.n_users} "
-          f"users, {cfg.users_per_round} per round, {cfg.rounds} rounds", file=sys.stderr)
-    from perfed_ray.runtime import connect, simulation  # Ray and torch: after validation
-    from perfed_ray.runtime.checkpoint import RunStore
+    from perfed_ray.api import simulate
+
+    shown: dict[str, str] = {}
+
+    def announce(cfg: configuration.RunConfig, result, resumed: bool) -> None:
+        again = (f"perfed-ray run --resume {result.checkpoint}"
+                 + (f" --address {args.address}" if args.address else ""))
+        shown.update(again=again, run_id=result.run_id, out=str(result.out))
+        print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), "
+              f"{cfg.n_users} users, {cfg.users_per_round} per round, {cfg.rounds} rounds",
+              file=sys.stderr)
+        print(f"run {result.run_id}: results under {result.out}/"
+              f"{'' if resumed else '; if it stops: ' + again}", file=sys.stderr)
+        signal.signal(signal.SIGTERM, _terminate)
+
     from perfed_ray.runtime.coordinator import Diverged
     from perfed_ray.runtime.pool import WorkFailed
 
-    prepared = simulation.prepare(cfg)
-    address = connect.cluster_address(args.address)
-    if address:
-        connect.connect(address)
-    resume = run_id is not None
-    run_id = run_id or simulation.new_run_id(cfg)
-    again = (f"perfed-ray run --resume {RunStore(out, run_id).folder}"
-             + (f" --address {args.address}" if args.address else ""))
-    print(f"run {run_id}: results under {out}/{'' if resume else '; if it stops: ' + again}",
-          file=sys.stderr)
-    signal.signal(signal.SIGTERM, _terminate)
     try:
-        simulation.run(prepared, out, None if args.quiet else ProgressDisplay(run_id), run_id,
-                       resume=resume)
+        result = simulate(args.config, args.out, overrides=args.set, resume=args.resume,
+                          address=args.address, announce=announce,
+                          progress=None if args.quiet else ProgressDisplay())
+    except InputError:
+        raise
     except Diverged as err:
-        print(f"\nerror: run {run_id}: {err}\n  it is marked 'diverged' in {out}/runs; rows up "
-              f"to round {err.round - 1} are kept", file=sys.stderr)
+        print(f"\nerror: run {shown['run_id']}: {err}\n  it is marked 'diverged' in "
+              f"{shown['out']}/runs; rows up to round {err.round - 1} are kept",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\ninterrupted: run {run_id} is marked 'interrupted'; continue it with\n  "
-              f"{again}", file=sys.stderr)
+        if not shown:
+            raise
+        print(f"\ninterrupted: run {shown['run_id']} is marked 'interrupted'; continue it "
+              f"with\n  {shown['again']}", file=sys.stderr)
         return 130
     except WorkFailed as err:
-        print(f"\nerror: run {run_id} failed: {err}\n  it is marked 'failed' in {out}/runs; "
-              f"continue it with\n  {again}", file=sys.stderr)
+        print(f"\nerror: run {shown['run_id']} failed: {err}\n  it is marked 'failed' in "
+              f"{shown['out']}/runs; continue it with\n  {shown['again']}", file=sys.stderr)
         return 1
     except Exception as err:
-        log = out / LOGS / f"{run_id}.txt"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(traceback.format_exc())
-        print(f"\nerror: run {run_id} failed: {type(err).__name__}: {err}\n"
-              f"  it is marked 'failed' in {out}/runs; rows written so far are kept; "
-              f"traceback in {log}; once fixed, continue it with\n  {again}", file=sys.stderr)
+        if not shown:
+            raise
+        log = Path(shown["out"]) / LOGS / f"{shown['run_id']}.txt"
+        print(f"\nerror: run {shown['run_id']} failed: {type(err).__name__}: {err}\n"
+              f"  it is marked 'failed' in {shown['out']}/runs; rows written so far are kept; "
+              f"traceback in {log}; once fixed, continue it with\n  {shown['again']}",
+              file=sys.stderr)
         return 1
-    from perfed_ray.analysis import summary
-
-    _print_table(summary(out, run_id), markdown=False)
+    _print_table(result.summary(), markdown=False)
     return 0
 
 

@@ -21,27 +21,27 @@ from typing import Any
 import yaml
 
 from perfed_ray.errors import ConfigError
+from perfed_ray.registry import REGISTRIES
 
-ALGORITHMS = ("fedavg", "perfedavg", "perfedavg-fo", "perfedavg-hf")
-DATASETS = ("mnist", "cifar10", "gaussian", "synthetic")
-PARTITIONS = ("paper", "paper-diff", "iid", "dirichlet", "natural")
-MODELS = ("mlp", "cnn")
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
 INPUT_SCALES = ("unit", "standardize", "raw")
 HF_DELTAS = ("fixed", "normalized")
+AGGREGATIONS = ("mean", "samples")
 
 
 def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
          low: float | None = None, high: float | None = None, low_open: bool = False,
-         auto: bool = False) -> Any:
+         auto: bool = False, registry: bool = False) -> Any:
     """A configuration field with the facts its validation and its docs need.
 
     `auto` fields accept the word ``auto`` (stored as ``None``): the value is
-    then chosen at run time from the data set or the cluster.
+    then chosen at run time from the data set or the cluster. `registry` fields name
+    a component registered under the same key in :mod:`perfed_ray.registry` (or a
+    dotted path to a user's own), and are checked against it.
     """
     meta = {"help": help, "choices": choices, "low": low, "high": high,
-            "low_open": low_open, "auto": auto}
+            "low_open": low_open, "auto": auto, "registry": registry}
     return field(default=default, metadata=meta)
 
 
@@ -50,7 +50,7 @@ class RunConfig:
     """Every configuration value of one run (flat, so it maps to YAML and to columns)."""
 
     dataset: str = _opt("mnist", "data set (synthetic: FedProx's Synthetic(alpha, beta))",
-                        choices=DATASETS)
+                        registry=True)
     data_root: str | None = _opt(
         None, "folder holding the data sets; `auto` means $PERFED_DATA, else "
         "~/.cache/perfed-ray/data", auto=True)
@@ -60,7 +60,7 @@ class RunConfig:
         "store, or each actor reads the data root itself", choices=DATA_TRANSPORTS)
     partition: str = _opt(
         "paper", "how the data are split among users (`natural`: the data set's own "
-        "users, for synthetic)", choices=PARTITIONS)
+        "users, for synthetic)", registry=True)
     paper_a: int | None = _opt(
         None, "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
         "68 for CIFAR-10, 40 for gaussian", low=1, auto=True)
@@ -87,9 +87,11 @@ class RunConfig:
     hf_delta: str = _opt(
         "fixed", "Per-FedAvg (HF)'s difference step: fixed (`delta`) or normalized "
         "(`delta / ‖g‖`: the perturbation of w has length `delta`)", choices=HF_DELTAS)
-    algorithm: str = _opt("perfedavg-hf", "local update rule", choices=ALGORITHMS)
+    algorithm: str = _opt(
+        "perfedavg-hf", "federated algorithm (see perfed_ray/algorithms; a user's own as "
+        "package.module:Class)", registry=True)
     model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN",
-                      choices=MODELS)
+                      registry=True)
     seed: int = _opt(0, "seed of everything random in the run", low=0)
     eval_every: int = _opt(20, "evaluate all users every this many rounds (and at the end)",
                            low=1)
@@ -99,11 +101,24 @@ class RunConfig:
         "train", "shard the evaluation's adaptation batch comes from (`test` leaks "
         "labels: the paper's FedAvg baseline text; report it separately)", choices=ADAPT_ON)
     users_per_actor: int | None = _opt(
-        1, "users hosted by each Ray actor; auto: as many actors as the cluster runs at "
-        "once given each actor's request, users spread evenly over them", low=1, auto=True)
-    batch_users: bool = _opt(
-        True, "an actor trains the sampled users it hosts together, in one vectorised "
-        "(torch.func.vmap) pass, instead of one after the other")
+        None, "users hosted by each Ray actor; auto: one actor per user while the cluster "
+        "runs every user's actor at once, else as many actors as it runs at once, users "
+        "spread evenly over them", low=1, auto=True)
+    engine: str | None = _opt(
+        None, "how an actor runs its users' local work: sequential (one after another), "
+        "vmap (torch.func.vmap, any model), fused (stacked parameters and batched matrix "
+        "products, for models that declare fused_layers()); auto: fused where the model "
+        "allows, else vmap", registry=True, auto=True)
+    compile: bool | None = _opt(
+        None, "torch.compile the fused engine's local step (about 10-20 s per actor the "
+        "first time, kernels cached for the next runs); auto: on when each actor has more "
+        "than 200,000 user-steps to run", auto=True)
+    strategy: str = _opt(
+        "uniform", "the server's policy: which users a round samples and which are "
+        "evaluated (uniform: Algorithm 1's, without replacement)", registry=True)
+    aggregation: str = _opt(
+        "mean", "how users' models are combined: their plain mean (Algorithm 1) or their "
+        "mean weighted by training samples", choices=AGGREGATIONS)
     num_cpus_per_actor: float | None = _opt(
         None, "CPUs each actor asks Ray for; auto: the cluster's CPUs shared among the "
         "actors, at most 1", low=0, low_open=True, auto=True)
@@ -152,6 +167,9 @@ def _coerce(key: str, value: Any) -> Any:
     kind = base_type(f)
     if meta["auto"] and (value is None or value == "auto"):
         return None
+    if meta["registry"] and isinstance(value, str):
+        REGISTRIES[key].check(value)
+        return value
     allowed = _describe(key)
     if kind is bool:
         if not isinstance(value, bool):
@@ -192,7 +210,9 @@ def _describe(key: str) -> str:
     f = FIELDS[key]
     meta = f.metadata
     kind = base_type(f)
-    if meta["choices"]:
+    if meta["registry"]:
+        text = REGISTRIES[key].describe()
+    elif meta["choices"]:
         text = "one of " + ", ".join(meta["choices"])
     elif kind is bool:
         text = "true or false"

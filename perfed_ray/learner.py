@@ -1,30 +1,28 @@
-"""A user's side of the protocol: local training and personalised evaluation.
+"""The users an actor hosts, and their side of every round: local training through an
+engine, per-user state, and personalised evaluation (PROTOCOL.md).
 
-This is where the pure rules of :mod:`perfed_ray.algorithms` meet a user's
-shard and random stream; it knows nothing about Ray, so the same object
-runs inside an actor, in a test, or in a plain loop over users.
+This is where an algorithm meets users' shards and random streams; it knows nothing
+about Ray, so the same object runs inside an actor, in a test, or in a plain loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
-from perfed_ray.algorithms import (
-    RULES,
-    Batch,
-    Params,
-    StepSizes,
-    adapt,
-    local_update,
-    local_update_many,
-)
+from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
-from perfed_ray.models import cross_entropy_loss, predict
-from perfed_ray.seeding import Stream, torch_generator
+from perfed_ray.data.batches import evaluation_indices, gather, round_indices
+from perfed_ray.engines import make_engine
+from perfed_ray.engines.base import stack, unstack
+from perfed_ray.engines.functional import FunctionalOps
+from perfed_ray.models import FlatParams
+from perfed_ray.registry import ALGORITHMS
 
 
 @dataclass(frozen=True)
@@ -42,66 +40,95 @@ class Evaluation:
     loss_after: float
 
 
-class LocalLearner:
-    """Runs Algorithm 1's inner loop and the one-step-adapted evaluation for any user."""
+class Learner:
+    """Local training and evaluation of the users whose shards it holds.
 
-    def __init__(self, cfg: RunConfig, model: nn.Module) -> None:
+    `states` holds each user's per-user state (for methods that keep one), created
+    the first time the user needs it and kept until the run ends; it is what a
+    checkpoint saves (:meth:`state_vectors`) and a resumed run starts from."""
+
+    def __init__(self, cfg: RunConfig, model: nn.Module, shards: dict[int, Shard],
+                 states: dict[int, np.ndarray] | None = None) -> None:
         self.cfg = cfg
         self.model = model
-        self.rule = RULES[cfg.algorithm]
-        self.loss = cross_entropy_loss(model)
-        self.steps = StepSizes(cfg.alpha, cfg.beta, cfg.delta, cfg.hf_delta == "normalized")
+        self.shards = shards
+        self.algorithm: Algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
+        self.engine = make_engine(cfg.engine, self.algorithm, model, bool(cfg.compile))
+        self.ops = FunctionalOps(model)
+        self.device = next(model.parameters()).device
+        self.states: dict[int, Params] = {}
+        self.state_layout: FlatParams | None = None
+        self.saved_states = states or {}
 
-    def _indices(self, n: int, gen: torch.Generator) -> torch.Tensor:
-        """One batch of indices, drawn uniformly without replacement from range(n)."""
-        return torch.randperm(n, generator=gen)[: self.cfg.batch_size]
+    def _state(self, user: int, server: Params, keep: bool = True) -> Params | None:
+        """The user's state: kept, restored from a checkpoint, or the method's initial
+        one (kept from the user's first round on; evaluation only looks at it)."""
+        if user in self.states:
+            return self.states[user]
+        initial = self.algorithm.init_user_state(server)
+        if initial is None:
+            return None
+        self.state_layout = self.state_layout or FlatParams(initial)
+        saved = self.saved_states.pop(user, None) if keep else self.saved_states.get(user)
+        state = initial if saved is None else self.state_layout.unflatten(saved, self.device)
+        if keep:
+            self.states[user] = state
+        return state
 
-    def _batch(self, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> Batch:
-        idx = self._indices(len(y), gen).to(y.device)
-        return x[idx], y[idx]
+    def local_batches(self, user: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh batches for each of the tau steps of a round: x [tau, per_step, B, ...]."""
+        shard = self.shards[user]
+        idx = round_indices(self.cfg.seed, user, round_, len(shard.y_train), self.cfg.tau,
+                            self.algorithm.batches_per_step, self.cfg.batch_size)
+        return gather(shard.x_train, idx), gather(shard.y_train, idx)
 
-    def local_batches(self, shard: Shard, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh D, D', D'' for each of the tau steps of a round: x [tau, 3, B, ...]."""
-        gen = torch_generator(self.cfg.seed, Stream.LOCAL_TRAINING, shard.user, round_)
-        idx = torch.stack([self._indices(len(shard.y_train), gen)
-                           for _ in range(3 * self.cfg.tau)])
-        idx = idx.view(self.cfg.tau, 3, -1).to(shard.y_train.device)
-        return shard.x_train[idx], shard.y_train[idx]
-
-    def train(self, params: Params, shard: Shard, round_: int) -> tuple[Params, float]:
-        """tau local steps from the global model, each with fresh D, D', D''."""
-        x, y = self.local_batches(shard, round_)
-        params, loss = local_update(self.rule, self.loss, params, x, y, self.steps)
-        return params, float(loss)
-
-    def train_many(self, params: Params, shards: list[Shard],
-                   round_: int) -> tuple[Params, torch.Tensor]:
-        """:meth:`train` for several users in one vectorised pass (the same draws);
-        parameters come back stacked along a leading user axis."""
-        batches = [self.local_batches(shard, round_) for shard in shards]
+    def train(self, server: Params, users: list[int],
+              round_: int) -> tuple[Params, torch.Tensor]:
+        """Round k's local work of the given users from the server's model: their models
+        stacked along a leading axis and their mean training losses; their states move
+        on to the next round."""
+        batches = [self.local_batches(u, round_) for u in users]
         x = torch.stack([b[0] for b in batches])
         y = torch.stack([b[1] for b in batches])
-        return local_update_many(self.rule, self.loss, params, x, y, self.steps)
+        states = stack([self._state(u, server) for u in users])
+        models, losses, new_states = self.engine.run(server, x, y, states)
+        if new_states is not None:
+            self.states.update(zip(users, unstack(new_states, len(users)), strict=True))
+        return models, losses
+
+    def n_train(self, user: int) -> int:
+        return len(self.shards[user].y_train)
+
+    def state_vectors(self) -> dict[int, np.ndarray]:
+        """Every hosted user's state as a flat vector (restored ones not yet used
+        included), for a checkpoint."""
+        kept = {u: self.state_layout.flatten(s) for u, s in self.states.items()}
+        return {**self.saved_states, **kept}
 
     def _score(self, params: Params, shard: Shard) -> tuple[float, float]:
-        logits = predict(self.model, params, shard.x_test)
+        logits = self.ops.logits(params, shard.x_test)
         loss = nn.functional.cross_entropy(logits, shard.y_test)
         accuracy = (logits.argmax(dim=1) == shard.y_test).float().mean()
         return float(accuracy), float(loss)
 
-    def evaluate(self, params: Params, shard: Shard, round_: int,
+    def evaluate(self, server: Params, user: int, round_: int,
                  draws: int) -> list[Evaluation]:
-        """Accuracy on the whole test shard before and after ONE SGD step of size
-        alpha on a batch from the user's own data, once per independent draw."""
-        acc_before, loss_before = self._score(params, shard)
-        source = (shard.x_test, shard.y_test) if self.cfg.adapt_on == "test" else (
-            shard.x_train, shard.y_train)
+        """Accuracy on the whole test shard before and after the method's
+        personalisation (one step of SGD of size alpha for Per-FedAvg and FedAvg) on a
+        batch from the user's own data, once per independent draw."""
+        shard = self.shards[user]
+        acc_before, loss_before = self._score(server, shard)
+        x, y = ((shard.x_test, shard.y_test) if self.cfg.adapt_on == "test" else
+                (shard.x_train, shard.y_train))
+        state = self._state(user, server, keep=False)
         rows = []
         for draw in range(draws):
-            gen = torch_generator(self.cfg.seed, Stream.EVALUATION, shard.user, round_, draw)
-            adapted = adapt(self.loss, params, self._batch(*source, gen), self.cfg.alpha)
-            acc_after, loss_after = self._score(adapted, shard)
-            rows.append(Evaluation(shard.user, shard.group, draw, len(shard.y_train),
+            idx = evaluation_indices(self.cfg.seed, user, round_, draw, len(y),
+                                     self.cfg.batch_size)
+            personal = self.algorithm.personalise(self.ops, server, state,
+                                                  (gather(x, idx), gather(y, idx)))
+            acc_after, loss_after = self._score(personal, shard)
+            rows.append(Evaluation(user, shard.group, draw, len(shard.y_train),
                                    len(shard.y_test), acc_before, loss_before, acc_after,
                                    loss_after))
         return rows

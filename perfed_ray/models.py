@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.utils import _pytree as pytree
 
-from perfed_ray.algorithms import LossFn, Params
+from perfed_ray.algorithms.tree import Params
 
 
 class MLP(nn.Module):
@@ -28,6 +28,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def fused_layers(self) -> tuple[str, nn.Sequential]:
+        """Declares the model a chain of Linear and ELU layers, so the `fused` engine
+        can run it: (the parameters' name prefix, the chain)."""
+        return "net", self.net
 
 
 class CNN(nn.Module):
@@ -51,17 +56,19 @@ class CNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.input_shape)))
 
 
-MODELS: dict[str, type[nn.Module]] = {"mlp": MLP, "cnn": CNN}
-
-
 def build_model(name: str, input_shape: tuple[int, ...], n_classes: int,
                 seed: int | None = None) -> nn.Module:
-    """A fresh model; with `seed`, its initial weights are a function of the seed alone."""
+    """A fresh model of a registered (or dotted-path) class, called with the input
+    shape and the number of classes; with `seed`, its initial weights are a function
+    of the seed alone."""
+    from perfed_ray.registry import MODELS
+
+    cls = MODELS.load(name)
     if seed is None:
-        return MODELS[name](input_shape, n_classes)
+        return cls(input_shape, n_classes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](input_shape, n_classes)
+        return cls(input_shape, n_classes)
 
 
 def params_of(model: nn.Module) -> Params:
@@ -69,22 +76,9 @@ def params_of(model: nn.Module) -> Params:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def cross_entropy_loss(model: nn.Module) -> LossFn:
-    """The loss f(w; x, y) of Section 5 as a function of explicit parameters."""
-
-    def loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(functional_call(model, params, (x,)), y)
-
-    return loss
-
-
-def predict(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """Logits of the model with the given parameters."""
-    return functional_call(model, params, (x,))
-
-
 class FlatParams:
-    """Converts between parameter dicts and one flat float32 vector.
+    """Converts between parameter trees (dicts of tensors, possibly nested: a model, or
+    a method's per-user state) and one flat float32 vector.
 
     Weights travel between driver and actors as one NumPy vector: Ray moves it
     through the object store without copying, the server's mean is one line,
@@ -92,8 +86,8 @@ class FlatParams:
     """
 
     def __init__(self, params: Params) -> None:
-        self.names = list(params)
-        self.shapes = [tuple(params[k].shape) for k in self.names]
+        leaves, self.spec = pytree.tree_flatten(params)
+        self.shapes = [tuple(leaf.shape) for leaf in leaves]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
 
     @property
@@ -101,10 +95,12 @@ class FlatParams:
         return sum(self.sizes)
 
     def flatten(self, params: Params) -> np.ndarray:
-        return torch.cat([params[k].detach().reshape(-1).cpu() for k in self.names]).numpy()
+        leaves = pytree.tree_leaves(params)
+        return torch.cat([leaf.detach().reshape(-1).cpu() for leaf in leaves]).numpy()
 
     def unflatten(self, vector: np.ndarray, device: torch.device | str = "cpu") -> Params:
         # A copy: vectors from the object store are read-only.
         flat = torch.tensor(vector, dtype=torch.float32, device=device)
         parts = torch.split(flat, self.sizes)
-        return {k: p.reshape(s) for k, p, s in zip(self.names, parts, self.shapes, strict=True)}
+        leaves = [p.reshape(s) for p, s in zip(parts, self.shapes, strict=True)]
+        return pytree.tree_unflatten(leaves, self.spec)

@@ -89,15 +89,15 @@ def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
 
 
 def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session):
-    """The vectorised path inside an actor gives each user what the plain learner gives."""
+    """The fused path inside an actor gives each user what the sequential learner gives."""
     import torch
 
-    from perfed_ray.learner import LocalLearner
+    from perfed_ray.learner import Learner
     from perfed_ray.models import FlatParams, build_model, params_of
     from perfed_ray.runtime.placement import Placement
 
     cfg = from_mapping({"dataset": "gaussian", "n_users": 4, "fraction": 0.5, "tau": 3,
-                        "alpha": 0.05, "algorithm": "perfedavg", "batch_users": True})
+                        "alpha": 0.05, "algorithm": "perfedavg", "engine": "fused"})
     prepared = simulation.prepare(cfg)
     actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
@@ -107,11 +107,12 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
 
     model = build_model(cfg.model, source.input_shape, source.n_classes)
     flat = FlatParams(params_of(model))
-    learner = LocalLearner(prepared.cfg, model)
     shards = source.shards([0, 2, 3], torch.device("cpu"), prepared.data)
-    expected = {u: flat.flatten(learner.train(flat.unflatten(weights), shards[u], 5)[0])
-                for u in (0, 2, 3)}
-    assert result.count == 3 and set(result.per_user) == {0, 2, 3}
+    learner = Learner(prepared.cfg.replace(engine="sequential"), model, shards)
+    models, _ = learner.train(flat.unflatten(weights), [0, 2, 3], 5)
+    expected = {u: flat.flatten({k: v[i] for k, v in models.items()})
+                for i, u in enumerate((0, 2, 3))}
+    assert result.count == 3 and result.weight == 3 and set(result.per_user) == {0, 2, 3}
     for u, vector in expected.items():
         np.testing.assert_allclose(result.per_user[u], vector, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.total, sum(expected.values()), rtol=1e-5, atol=1e-5)

@@ -61,7 +61,7 @@ def _results(out):
 
 def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session, tmp_path):
     values = {"algorithm": "perfedavg-hf", "rounds": 4, "eval_every": 2, "final_eval_draws": 2,
-              "batch_users": False}
+              "engine": "sequential"}
     _run(tmp_path / "one", users_per_actor=1, **values)
     _run(tmp_path / "packed", users_per_actor=4, **values)  # blocks of 4 and 2 users
     (r1, e1), (r2, e2) = _results(tmp_path / "one"), _results(tmp_path / "packed")
@@ -72,17 +72,17 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
     assert (r1["bytes_received"] > r2["bytes_received"]).all()  # sums, not one model per user
 
 
-# Every rule's vmap path is checked against its one-user path in test_rules.py; here the
-# whole pipeline (placement, actors, sums) for the default rule.
-@pytest.mark.parametrize("algorithm", ["perfedavg-hf"])
-def test_batched_training_matches_one_user_at_a_time(ray_session, tmp_path, algorithm):
-    """users_per_actor auto (one actor per CPU) trains its users with vmap; the numbers
-    match the one-at-a-time path to floating-point tolerance."""
-    values = {"algorithm": algorithm, "rounds": 4, "eval_every": 2, "final_eval_draws": 2}
-    _run(tmp_path / "seq", users_per_actor=3, batch_users=False, **values)
-    _run(tmp_path / "vmap", users_per_actor="auto", batch_users=True, **values)
-    (r1, e1), (r2, e2) = _results(tmp_path / "seq"), _results(tmp_path / "vmap")
-    assert read_table(tmp_path / "vmap", "runs")["n_actors"].iloc[0] == 2
+# Every algorithm's engines are checked against the sequential one in test_engines.py; here
+# the whole pipeline (placement, actors, sums) for the default algorithm.
+@pytest.mark.parametrize("engine", ["vmap", "fused"])
+def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine):
+    """Packed actors train their users together (vmap, or stacked parameters); the
+    numbers match the one-at-a-time engine to floating-point tolerance."""
+    values = {"algorithm": "perfedavg-hf", "rounds": 4, "eval_every": 2, "final_eval_draws": 2}
+    _run(tmp_path / "seq", users_per_actor=3, engine="sequential", **values)
+    _run(tmp_path / engine, users_per_actor=3, engine=engine, **values)
+    (r1, e1), (r2, e2) = _results(tmp_path / "seq"), _results(tmp_path / engine)
+    assert set(read_table(tmp_path / engine, "runs")["engine"]) == {engine}
     pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=1e-5)
     pd.testing.assert_frame_equal(e1[["loss_before", "loss_after"]],
                                   e2[["loss_before", "loss_after"]], rtol=1e-4)

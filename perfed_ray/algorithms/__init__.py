@@ -1,17 +1,9 @@
-"""Federated learning rules as pure functions (torch.func): no Ray, no I/O."""
+"""Federated algorithms as values (pure PyTorch, no Ray): the interface and the
+built-in methods, each in its own module and written exactly as a user's plug-in
+would be. Names are registered in :data:`perfed_ray.registry.ALGORITHMS`."""
 
-from perfed_ray.algorithms.rules import (
-    RULES,
-    Batch,
-    LossFn,
-    Params,
-    Rule,
-    StepSizes,
-    adapt,
-    hessian_vector_product,
-    local_update,
-    local_update_many,
-)
+from perfed_ray.algorithms.base import Algorithm, Batch, ModelOps, client_update
+from perfed_ray.algorithms.tree import Params, axpy, sgd, tree_map
 
-__all__ = ["RULES", "Batch", "LossFn", "Params", "Rule", "StepSizes", "adapt",
-           "hessian_vector_product", "local_update", "local_update_many"]
+__all__ = ["Algorithm", "Batch", "ModelOps", "Params", "axpy", "client_update", "sgd",
+           "tree_map"]

@@ -156,19 +156,38 @@ def load_gaussian(root: Path, download: bool, seed: int) -> DataArrays:
     return DataArrays("gaussian", x_train, y_train, x_test, y_test, shape, n_classes)
 
 
-LOADERS: dict[str, Callable[[Path, bool, int], DataArrays]] = {
-    "mnist": load_mnist,
-    "cifar10": load_cifar10,
-    "gaussian": load_gaussian,
-}
+@dataclass(frozen=True)
+class Dataset:
+    """A registered data set (:data:`perfed_ray.registry.DATASETS`): how to load it
+    (None: generated per user inside the actors, see :mod:`perfed_ray.data.synthetic`),
+    whether it needs files under the data root, and `a` of the paper split."""
 
-PAPER_A = {"mnist": 196, "cifar10": 68, "gaussian": 40}
+    load: Callable[[Path, bool, int], DataArrays] | None
+    files: bool = True
+    paper_a: int | None = None
+
+
+MNIST = Dataset(load_mnist, paper_a=196)
+CIFAR10 = Dataset(load_cifar10, paper_a=68)
+GAUSSIAN = Dataset(load_gaussian, files=False, paper_a=40)
+
+
+def dataset(name: str) -> Dataset:
+    from perfed_ray.registry import DATASETS
+
+    return DATASETS.load(name)
+
+
+def paper_a(name: str) -> int | None:
+    """The paper split's `a` for a data set (None where it has none)."""
+    return dataset(name).paper_a
 
 
 def load_dataset(name: str, data_root: str | None, download: bool, seed: int) -> DataArrays:
     """Load a data set by its configuration name; raises DataError with the fix."""
     root = resolve_root(data_root)
-    if name != "gaussian" and not root.is_dir() and not download:
+    spec = dataset(name)
+    if spec.files and not root.is_dir() and not download:
         raise DataError(f"data root {root} does not exist: set data_root or ${DATA_ENV} to "
                         f"the folder that holds the data sets, or set download: true")
-    return LOADERS[name](root, download, seed)
+    return spec.load(root, download, seed)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfed_ray.config import RunConfig
-from perfed_ray.data.datasets import PAPER_A, DataArrays, DataError
+from perfed_ray.data.datasets import DataArrays, DataError, paper_a
 from perfed_ray.seeding import Stream, numpy_rng
 
 
@@ -101,8 +101,8 @@ def draw_disjoint(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generat
     return [np.sort(np.concatenate(parts)) for parts in chosen]
 
 
-def _paper(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
-    a = cfg.paper_a or PAPER_A[data.name]
+def _paper_split(cfg: RunConfig, data: DataArrays, diff: bool) -> Counts:
+    a = cfg.paper_a or paper_a(data.name)
     a_test = a * len(data.y_test) // len(data.y_train)
     if data.n_classes < 10:
         raise DataError(f"partition {cfg.partition!r} needs 10 classes; {data.name} has "
@@ -110,15 +110,33 @@ def _paper(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts
     if a_test < 2:
         raise DataError(f"paper_a = {a} leaves {a_test} test images per class unit (a_test = "
                         f"floor(a * N_test / N_train)); use a larger paper_a")
-    return paper_counts(cfg.n_users, a, a_test, data.n_classes, cfg.partition == "paper-diff")
+    return paper_counts(cfg.n_users, a, a_test, data.n_classes, diff)
 
 
-def _iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+def paper(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """Table 2's split (Section 5, Appendix I)."""
+    return _paper_split(cfg, data, diff=False)
+
+
+def paper_diff(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """Table 1's "diff. hetero." row: group B without its classes 0-4."""
+    return _paper_split(cfg, data, diff=True)
+
+
+def natural(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """The data set's own users: generated data sets (synthetic) have no split to make."""
+    raise DataError(f"partition natural keeps a generated data set's own users; "
+                    f"{data.name} is a plain data set: use paper, iid or dirichlet")
+
+
+def iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """Every user the same class mix, the whole data set shared out."""
     proportions = np.full((cfg.n_users, data.n_classes), 1.0 / cfg.n_users)
     return _proportional(cfg, data, proportions)
 
 
-def _dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+def dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """Class proportions over users from Dir(dirichlet_alpha) (Hsu et al. 2019)."""
     for _ in range(100):  # resample until every user can fill a batch
         proportions = rng.dirichlet(np.full(cfg.n_users, cfg.dirichlet_alpha),
                                     size=data.n_classes).T
@@ -136,18 +154,16 @@ def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> 
     return Counts(train, test, ["all"] * cfg.n_users)
 
 
-PARTITIONERS: dict[str, Callable[[RunConfig, DataArrays, np.random.Generator], Counts]] = {
-    "paper": _paper,
-    "paper-diff": _paper,
-    "iid": _iid,
-    "dirichlet": _dirichlet,
-}
+Partitioner = Callable[[RunConfig, DataArrays, np.random.Generator], Counts]
 
 
 def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
     """Split `data` among cfg.n_users users; the same seed gives the same split."""
+    from perfed_ray.registry import PARTITIONERS
+
     rng = numpy_rng(cfg.seed, Stream.PARTITION)
-    counts = PARTITIONERS[cfg.partition](cfg, data, rng)
+    partitioner: Partitioner = PARTITIONERS.load(cfg.partition)
+    counts = partitioner(cfg, data, rng)
     fix = "lower n_users (or paper_a), or choose another partition"
     train = draw_disjoint(data.y_train, counts.train, rng, "training", data.name, fix)
     test = draw_disjoint(data.y_test, counts.test, rng, "test", data.name, fix)

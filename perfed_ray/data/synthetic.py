@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfed_ray.data.datasets import Dataset
 from perfed_ray.seeding import Stream, numpy_rng
+
+SYNTHETIC = Dataset(load=None, files=False)  # users generated inside the actors
 
 FEATURES, CLASSES = 60, 10
 TRAIN_FRACTION = 0.8

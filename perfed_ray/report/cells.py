@@ -20,12 +20,13 @@ import pandas as pd
 
 from perfed_ray.analysis import final_accuracy, mean_ci95, per_draw_accuracy, read_runs, read_table
 from perfed_ray.config import FIELDS
-from perfed_ray.data.datasets import PAPER_A
+from perfed_ray.data.datasets import paper_a
 from perfed_ray.paper import ROW_KEYS
 
 # Keys that change how a run is executed, never its numbers.
-MECHANICS = frozenset({"data_root", "download", "data_transport", "users_per_actor",
-                       "batch_users", "num_cpus_per_actor", "num_gpus_per_actor",
+MECHANICS = frozenset({"data_root", "download", "data_transport", "users_per_actor", "engine",
+                       "compile",
+                       "num_cpus_per_actor", "num_gpus_per_actor",
                        "checkpoint_every", "actor_retries", "tag"})
 NORMALIZED_HF = "perfedavg-hf δ/‖g‖"
 METHODS = ("fedavg", "perfedavg-fo", "perfedavg-hf", NORMALIZED_HF, "perfedavg")
@@ -49,7 +50,7 @@ def differences(run: pd.Series) -> dict[str, object]:
     for name, f in FIELDS.items():
         if name in ignored:
             continue
-        default = PAPER_A.get(run["dataset"]) if name == "paper_a" else f.default
+        default = paper_a(run["dataset"]) if name == "paper_a" else f.default
         if default is not None and run[name] != default:
             out[name] = run[name]
     return out

@@ -158,8 +158,11 @@ class RunWriter:
     def resume(self, rows: Mapping[str, int]) -> None:
         """Continue after the checkpoint that counted `rows` rows per table: rows
         written after it (and temporary files of an interrupted write) are removed, so
-        the rounds replayed from the checkpoint are neither lost nor written twice."""
+        the rounds replayed from the checkpoint are neither lost nor written twice.
+        Rows still buffered belong to those rounds too, and are dropped."""
         for name in APPENDED:
+            self.buffers[name].clear()
+            self.written[name] = None
             for path in self.folder(name).iterdir():
                 if path.name != self.FILE:
                     path.unlink()

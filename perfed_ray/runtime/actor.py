@@ -1,7 +1,8 @@
-"""The Ray actor that hosts users: their shards stay here for the whole run.
+"""The Ray actor that hosts users: their shards and per-user state stay here for the
+whole run.
 
-Only weights (in) and a sum of weights, losses and scores (out) cross the
-actor's boundary; the maths is the :class:`~perfed_ray.learner.LocalLearner`'s.
+Only weights (in) and a weighted sum of weights, losses and scores (out) cross the
+actor's boundary; the maths is the :class:`~perfed_ray.learner.Learner`'s.
 """
 
 from __future__ import annotations
@@ -17,17 +18,19 @@ import torch
 from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
-from perfed_ray.learner import LocalLearner
+from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, params_of
+from perfed_ray.registry import STRATEGIES
 
 
 @dataclass(frozen=True)
 class UpdateSum:
-    """An actor's part of a round: the sum of its users' new weights (float64, so the
-    server's total does not depend on the order in which actors answer) and how many
-    users it holds; per-user weights only when asked for."""
+    """An actor's part of a round: the weighted sum of its users' new weights (float64,
+    so the server's total does not depend on the order in which actors answer), the
+    sum of the weights, how many users reported; per-user weights only when asked for."""
 
     total: np.ndarray
+    weight: float
     count: int
     loss_sum: float
     per_user: dict[int, np.ndarray] | None = None
@@ -50,20 +53,21 @@ class UserActor:
     """Hosts the shards of a block of users and runs their local work on its device.
 
     `actor` and `incarnation` name it in the run's records (a replacement for a dead
-    actor is the next incarnation of the same actor)."""
+    actor is the next incarnation of the same actor); `states` are its users' per-user
+    states from the checkpoint a run resumes from."""
 
     def __init__(self, cfg: RunConfig, users: list[int], source: ShardSource,
                  data: DataArrays | None, num_cpus: float, num_gpus: float,
-                 actor: int = 0, incarnation: int = 0) -> None:
+                 actor: int = 0, incarnation: int = 0,
+                 states: dict[int, np.ndarray] | None = None) -> None:
         self.actor, self.incarnation = actor, incarnation
         torch.set_num_threads(max(1, int(num_cpus)))
         use_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
-        self.shards = source.shards(users, self.device, data)
         model = build_model(cfg.model, source.input_shape, source.n_classes).to(self.device)
         self.flat = FlatParams(params_of(model))
-        self.learner = LocalLearner(cfg, model)
-        self.batch_users = cfg.batch_users
+        self.learner = Learner(cfg, model, source.shards(users, self.device, data), states)
+        self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 
     def describe(self) -> dict[str, object]:
         """Where this actor runs and its peak memory (also: it is ready)."""
@@ -75,30 +79,31 @@ class UserActor:
 
     def train(self, weights: np.ndarray, users: list[int], round_: int,
               per_user: bool = False) -> UpdateSum:
-        """Local updates of the given users from the global weights, summed."""
+        """Local updates of the given users from the global weights, weighted and summed."""
         if self.actor == 0:
             faults.crash_at("actor-always", round_)
             if self.incarnation == 0:
                 faults.crash_at("actor", round_)
-        start = self.flat.unflatten(weights, self.device)  # rules never modify it in place
-        shards = [self.shards[u] for u in users]
-        if self.batch_users and len(users) > 1:
-            stacked, losses = self.learner.train_many(start, shards, round_)
-            updated = [{k: v[i] for k, v in stacked.items()} for i in range(len(users))]
-            loss_sum = float(losses.sum())
-        else:
-            results = [self.learner.train(start, shard, round_) for shard in shards]
-            updated = [params for params, _ in results]
-            loss_sum = sum(loss for _, loss in results)
+        start = self.flat.unflatten(weights, self.device)  # never modified in place
+        models, losses = self.learner.train(start, users, round_)
+        weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
+        scale = torch.tensor(weights_, dtype=torch.float64, device=self.device)
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
-        total = self.flat.flatten({k: torch.stack([p[k].double() for p in updated]).sum(0)
-                                   for k in start})
-        per = ({u: self.flat.flatten(p) for u, p in zip(users, updated, strict=True)}
-               if per_user else None)
-        return UpdateSum(total, len(users), loss_sum, per)
+        total = self.flat.flatten({k: (v.double() * scale.view(-1, *[1] * (v.ndim - 1))
+                                       ).sum(0) for k, v in models.items()})
+        per = ({u: self.flat.flatten({k: v[i] for k, v in models.items()})
+                for i, u in enumerate(users)} if per_user else None)
+        # float32 losses add up exactly in float64: the same sum whatever the grouping.
+        return UpdateSum(total, float(sum(weights_)), len(users), float(losses.double().sum()),
+                         per)
 
-    def evaluate(self, weights: np.ndarray, round_: int, draws: int) -> list[dict]:
-        """Every hosted user's personalised scores for the global weights."""
+    def evaluate(self, weights: np.ndarray, users: list[int], round_: int,
+                 draws: int) -> list[dict]:
+        """The given hosted users' personalised scores for the global weights."""
         params = self.flat.unflatten(weights, self.device)
-        return [dataclasses.asdict(row) for user in sorted(self.shards)
-                for row in self.learner.evaluate(params, self.shards[user], round_, draws)]
+        return [dataclasses.asdict(row) for user in users
+                for row in self.learner.evaluate(params, user, round_, draws)]
+
+    def user_states(self) -> dict[int, np.ndarray]:
+        """The hosted users' per-user states (empty for methods that keep none)."""
+        return self.learner.state_vectors()

@@ -5,8 +5,9 @@ Under ``<out>/checkpoints/run_id=<id>/``:
 - ``run.json``, written at the start of every sitting: the resolved configuration, the
   users' placement on actors, when the run started and how often it was resumed;
 - ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
-  round k, the global model w_k, how many rows of each table belong to rounds
-  up to k, the wall time spent so far and the last evaluated accuracy.
+  round k, the global model w_k, every user's per-user state (for methods that keep
+  one), how many rows of each table belong to rounds up to k, the wall time spent so
+  far and the last evaluated accuracy.
 
 No random generator state is saved because the run has none that evolves: every
 draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
@@ -21,7 +22,7 @@ import json
 import os
 import re
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ class Checkpoint:
     rows: dict[str, int]  # rows written per result table
     wall_seconds: float
     accuracy: tuple[int, float] | None
+    states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
+
+    def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
+        """The per-user states of the given users (those that have one)."""
+        return {u: self.states[u] for u in users if u in self.states}
 
 
 class RunStore:
@@ -98,8 +104,12 @@ class RunStore:
                            "accuracy": checkpoint.accuracy})
 
         def write(tmp: Path) -> None:
+            users = sorted(checkpoint.states)
+            states = (np.stack([checkpoint.states[u] for u in users]) if users else
+                      np.zeros((0, 0), np.float32))
             with open(tmp, "wb") as file:  # a file object: np.savez would add ".npz"
-                np.savez(file, weights=checkpoint.weights, meta=np.array(meta))
+                np.savez(file, weights=checkpoint.weights, meta=np.array(meta),
+                         state_users=np.array(users, dtype=np.int64), states=states)
 
         write_atomically(self.folder / "checkpoint.npz", write,
                          lambda: faults.crash_at("driver-checkpoint", checkpoint.round))
@@ -113,6 +123,8 @@ class RunStore:
             with np.load(path) as saved:
                 meta = json.loads(str(saved["meta"]))
                 weights = saved["weights"]
+                users = saved.get("state_users", [])  # none before per-user state
+                states = {int(u): saved["states"][i] for i, u in enumerate(users)}
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
                               f"start it again") from None
@@ -122,7 +134,7 @@ class RunStore:
                               f"it again")
         accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
         return Checkpoint(meta["round"], weights, meta["rows"], meta["wall_seconds"],
-                          accuracy)
+                          accuracy, states)
 
 
 def locate(run_dir: str | Path) -> tuple[Path, str]:

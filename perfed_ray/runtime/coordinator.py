@@ -1,8 +1,10 @@
-"""The server of Algorithm 1, on the driver: sample, broadcast, gather, average.
+"""The server of Algorithm 1, on the driver: sample, broadcast, gather, aggregate.
 
-The coordinator sees users only as ids hosted by actors and models only as
-flat weight vectors; what a local update computes is the actors' business,
-and keeping the actors alive is the pool's.
+The coordinator is the transport: it sees users only as ids hosted by actors and
+models only as flat weight vectors. Which users a round samples and evaluates is the
+strategy's decision, what a local update computes is the actors' business, how the
+aggregate becomes the next model is the server's (the algorithm's), and keeping the
+actors alive is the pool's.
 """
 
 from __future__ import annotations
@@ -19,37 +21,8 @@ from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
 from perfed_ray.runtime.pool import ActorPool
-from perfed_ray.seeding import Stream, numpy_rng
-
-
-def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
-    """A_k: m users drawn uniformly without replacement, from round k's own stream."""
-    rng = numpy_rng(seed, Stream.USER_SAMPLING, round_)
-    return sorted(int(u) for u in rng.choice(n_users, size=m, replace=False))
-
-
-@dataclass(frozen=True)
-class Participation:
-    """Who of round k's sampled users reports, drops out, or reports past the deadline."""
-
-    reporting: list[int]
-    dropped: list[int]
-    late: list[int]
-
-
-def participation(cfg: RunConfig, round_: int, users: list[int]) -> Participation:
-    """Each sampled user drops out with chance `dropout`, else is cut by the deadline
-    with chance `stragglers`; drawn from round k's own stream, so a resumed or
-    replayed round loses the same users. Neither kind's update is computed: the
-    server would not wait for it."""
-    if not (cfg.dropout or cfg.stragglers):
-        return Participation(users, [], [])
-    draws = numpy_rng(cfg.seed, Stream.PARTICIPATION, round_).random((len(users), 2))
-    dropped = [u for u, (d, _) in zip(users, draws, strict=True) if d < cfg.dropout]
-    late = [u for u, (d, s) in zip(users, draws, strict=True)
-            if d >= cfg.dropout and s < cfg.stragglers]
-    gone = set(dropped) | set(late)
-    return Participation([u for u in users if u not in gone], dropped, late)
+from perfed_ray.server import Server
+from perfed_ray.strategy import Strategy
 
 
 class Diverged(RuntimeError):
@@ -80,11 +53,13 @@ class Coordinator:
     from a checkpoint, writing rows and checkpoints as it goes."""
 
     def __init__(self, cfg: RunConfig, pool: ActorPool, weights: np.ndarray,
-                 writer: RunWriter, store: RunStore,
+                 strategy: Strategy, server: Server, writer: RunWriter, store: RunStore,
                  on_progress: Callable[[Progress], None] | None = None,
                  resume_from: Checkpoint | None = None, clock: float | None = None) -> None:
         self.cfg = cfg
         self.pool = pool
+        self.strategy = strategy
+        self.server = server
         self.host_of = {u: a for a, block in enumerate(pool.blocks) for u in block}
         self.writer = writer
         self.store = store
@@ -96,40 +71,46 @@ class Coordinator:
         self.resumed = resume_from is not None
         self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
 
-    def run_round(self, round_: int) -> dict:
-        """One round k: w_{k+1} = mean of the reporting users' w_{k+1,tau}.
+    def _by_actor(self, users: list[int]) -> dict[int, list[int]]:
+        by_actor: dict[int, list[int]] = {}
+        for u in users:
+            by_actor.setdefault(self.host_of[u], []).append(u)
+        return by_actor
 
-        Actors return the sum of their users' weights; the sums are added as
+    def run_round(self, round_: int) -> dict:
+        """One round k: w_{k+1} from the (weighted) mean of the reporting users'
+        w_{k+1,tau}.
+
+        Actors return the weighted sum of their users' weights; the sums are added as
         they arrive, so the driver holds one model's worth of partial results
         however many users or actors there are.
         """
         start = time.perf_counter()
-        users = sample_users(self.cfg.seed, round_, self.cfg.n_users, self.cfg.users_per_round)
-        who = participation(self.cfg, round_, users)
+        users = self.strategy.sample(round_)
+        who = self.strategy.participation(round_, users)
         for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
             if gone:
                 self.writer.add("events", [{"round": round_, "kind": kind, "actor": None,
                                             "users": gone, "detail": None}])
-        by_actor: dict[int, list[int]] = {}
-        for u in who.reporting:
-            by_actor.setdefault(self.host_of[u], []).append(u)
+        by_actor = self._by_actor(who.reporting)
         ref = ray.put(self.weights)
         parts = self.pool.gather(round_, "train",
                                  {a: (ref, us, round_) for a, us in by_actor.items()})
         faults.crash_at("driver-round", round_)
         total = np.zeros(self.weights.shape, dtype=np.float64)
-        loss_sum, received, diverged = 0.0, 0, []
+        loss_sum, weight, received, diverged = 0.0, 0.0, 0, []
         for a, part in parts:
             if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
                 diverged += by_actor[a]
             total += part.total
+            weight += part.weight
             loss_sum += part.loss_sum
             received += part.total.nbytes
         if diverged:
             raise Diverged(round_, sorted(diverged))
         n = len(who.reporting)
         if n:
-            self.weights = (total / n).astype(np.float32)
+            self.weights = self.server.next_model(self.weights, total, weight)
         return {
             "round": round_,
             "users": users,
@@ -142,24 +123,29 @@ class Coordinator:
         }
 
     def evaluate(self, round_: int, final: bool) -> list[dict]:
-        """Every user's personalised scores, computed on the actor that hosts it."""
+        """The strategy's users' personalised scores, each computed on the actor that
+        hosts the user."""
         draws = self.cfg.final_eval_draws if final else 1
         ref = ray.put(self.weights)
+        users = self._by_actor(self.strategy.evaluated(round_, final))
         batches = self.pool.gather(round_, "evaluate",
-                                   {a: (ref, round_, draws) for a in range(len(self.pool.blocks))})
+                                   {a: (ref, us, round_, draws) for a, us in users.items()})
         faults.crash_at("driver-eval", round_)
-        by_actor = dict(batches)
-        rows = [row for a in sorted(by_actor) for row in by_actor[a]]
+        scores = dict(batches)
+        rows = [row for a in sorted(scores) for row in scores[a]]
         for row in rows:
             row.update(round=round_, final=final)
         self.last_accuracy = (round_, float(np.mean([r["acc_after"] for r in rows])))
         return rows
 
     def checkpoint(self, round_: int) -> None:
-        """Write the rows so far, then the state after round k that counts them."""
+        """Write the rows so far, then the state after round k that counts them: the
+        global model and every user's per-user state, fetched from the actors."""
         self.writer.flush()
+        states = {u: s for _, part in self.pool.gather(round_, "user_states", dict.fromkeys(
+            range(len(self.pool.blocks)), ())) for u, s in part.items()}
         self.store.save(Checkpoint(round_, self.weights, dict(self.writer.rows),
-                                   self.wall_seconds(), self.last_accuracy))
+                                   self.wall_seconds(), self.last_accuracy, states))
 
     def wall_seconds(self) -> float:
         """Seconds spent on this run, over all sittings up to their last checkpoint."""

@@ -7,6 +7,12 @@ and sends it the same call again. Local work is a deterministic function of the
 weights, the users and the round, so the run's numbers do not change. Each
 replacement is recorded (``events``, ``actors``); an actor that keeps dying in the
 same round stops the run instead of being retried for ever.
+
+Where users keep per-user state on their actor (pFedMe, Ditto, FedRep, a user's own
+stateful method), a dead actor's states since the last checkpoint are lost with it,
+so a replacement alone would compute other numbers: the pool raises
+:class:`StateLost` instead, and the run rolls every actor back to the last checkpoint
+and replays the rounds from there (:func:`perfed_ray.runtime.simulation.run`).
 """
 
 from __future__ import annotations
@@ -27,14 +33,37 @@ class WorkFailed(RuntimeError):
 
     def __init__(self, round_: int, actor: int, users: list[int], attempts: int,
                  detail: str) -> None:
-        shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
         super().__init__(
-            f"round {round_}: the actor hosting users {shown} died {attempts} times "
+            f"round {round_}: the actor hosting users {_shown(users)} died {attempts} times "
             f"(last: {detail}); stopping rather than retrying for ever. Look for what kills "
             f"it (memory, a failing node) in the Ray logs (/tmp/ray/session_latest/logs), "
             f"then continue with --resume, or raise actor_retries")
         self.round = round_
         self.users = users
+
+
+class StateLost(RuntimeError):
+    """An actor hosting users with per-user state died: the run must roll back."""
+
+    def __init__(self, round_: int, actor: int, users: list[int], detail: str) -> None:
+        super().__init__(f"round {round_}: the actor hosting users {_shown(users)} died "
+                         f"({detail}) with their per-user state")
+        self.round, self.actor, self.users, self.detail = round_, actor, users, detail
+
+    def event(self, checkpoint_round: int) -> dict[str, Any]:
+        """The `events` row of the roll-back."""
+        return {"round": self.round, "kind": "actor-died", "actor": self.actor,
+                "users": self.users,
+                "detail": f"{self.detail}; per-user state lost: every actor rolled back to "
+                          f"the checkpoint of round {checkpoint_round} and the rounds after "
+                          f"it replayed"}
+
+    def failed(self, attempts: int) -> WorkFailed:
+        return WorkFailed(self.round, self.actor, self.users, attempts, self.detail)
+
+
+def _shown(users: list[int]) -> str:
+    return ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
 
 
 def _first_line(err: BaseException) -> str:
@@ -43,11 +72,13 @@ def _first_line(err: BaseException) -> str:
 
 
 class ActorPool:
-    """Actor i hosts blocks[i]; `record` receives the rows of `events` and `actors`."""
+    """Actor i hosts blocks[i]; `record` receives the rows of `events` and `actors`;
+    without `replaceable` (users with per-user state) a death raises StateLost."""
 
     def __init__(self, blocks: list[list[int]], start_actor: ActorFactory, retries: int,
-                 record: Record) -> None:
+                 record: Record, replaceable: bool = True) -> None:
         self.blocks = blocks
+        self.replaceable = replaceable
         self.start_actor = start_actor
         self.retries = retries
         self.record = record
@@ -86,6 +117,8 @@ class ActorPool:
             try:
                 result = ray.get(done)
             except RayActorError as err:
+                if not self.replaceable:
+                    raise StateLost(round_, i, self.blocks[i], _first_line(err)) from None
                 self._replace(i, round_, err, failures)
                 pending[self._call(i, method, args[i])] = i
                 continue

@@ -25,7 +25,6 @@ import ray
 import torch
 
 import perfed_ray
-from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -39,15 +38,19 @@ from perfed_ray.data import (
     partition,
     resolve_root,
 )
-from perfed_ray.data.datasets import PAPER_A
+from perfed_ray.data.datasets import dataset, paper_a
+from perfed_ray.engines import default_engine
 from perfed_ray.models import FlatParams, build_model, params_of
+from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
-from perfed_ray.runtime.checkpoint import RunRecord, RunStore
+from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress
+from perfed_ray.runtime.environment import actor_env
 from perfed_ray.runtime.placement import Placement, plan, with_resources
-from perfed_ray.runtime.pool import ActorFactory, ActorPool
+from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.seeding import Stream, numpy_rng
+from perfed_ray.server import Server
 
 
 @dataclass(frozen=True)
@@ -77,20 +80,39 @@ def prepare(cfg: RunConfig) -> Prepared:
     `auto` values that depend on the data are resolved here, so the stored
     configuration says what the run actually used.
     """
-    if cfg.dataset == "synthetic":
+    if dataset(cfg.dataset).load is None:
         return Prepared(cfg, None, None)
     cfg = cfg.replace(data_root=str(resolve_root(cfg.data_root)),
-                      paper_a=cfg.paper_a or PAPER_A[cfg.dataset])
+                      paper_a=cfg.paper_a or paper_a(cfg.dataset))
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
 
 
-def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
-    """w_0: PyTorch's default initialisation, drawn from the run's seed."""
+def initial_model(cfg: RunConfig, source: ShardSource) -> torch.nn.Module:
+    """The model with w_0: PyTorch's default initialisation, drawn from the run's seed."""
     init_seed = int(numpy_rng(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-    model = build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
-    params = params_of(model)
+    return build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
+
+
+def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
+    """w_0 as the flat vector that travels."""
+    params = params_of(initial_model(cfg, source))
     return FlatParams(params).flatten(params)
+
+
+COMPILE_FROM = 200_000  # user-steps per actor from which compiling (10-20 s) pays on CPU
+
+
+def resolve_execution(cfg: RunConfig, model: torch.nn.Module, n_actors: int) -> RunConfig:
+    """`engine: auto` and `compile: auto` made concrete, so the stored configuration
+    says how the run was executed: fused where the model allows it, and compiled when
+    each actor has enough work for compilation to pay for itself."""
+    engine = cfg.engine or default_engine(model)
+    compile_ = cfg.compile
+    if compile_ is None:
+        work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
+        compile_ = engine == "fused" and work >= COMPILE_FROM
+    return cfg.replace(engine=engine, compile=compile_)
 
 
 def new_run_id(cfg: RunConfig) -> str:
@@ -98,20 +120,25 @@ def new_run_id(cfg: RunConfig) -> str:
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{cfg.algorithm}-{secrets.token_hex(3)}"
 
 
-def actor_factory(prepared: Prepared, placement: Placement) -> ActorFactory:
+def actor_factory(prepared: Prepared, placement: Placement,
+                  checkpoint: Checkpoint | None = None) -> ActorFactory:
     """How to start (or restart) actor i: its block's shards come from the data set,
-    put once in the object store and shared, or from the data root the actor reads."""
+    put once in the object store and shared, or from the data root the actor reads;
+    its users' per-user states from the checkpoint the run continues from. The actor's
+    runtime_env carries the user's own components (dotted paths in the configuration)."""
     cfg = prepared.cfg
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
+    env = actor_env(cfg)
 
     def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
         block = placement.blocks[actor]
+        states = checkpoint.states_of(block) if checkpoint else None
         return UserActor.options(
             num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-            scheduling_strategy="SPREAD", runtime_env=faults.actor_env(),
+            scheduling_strategy="SPREAD", runtime_env=env,
         ).remote(cfg, block, prepared.source(block), data_ref, placement.num_cpus,
-                 placement.num_gpus, actor, incarnation)
+                 placement.num_gpus, actor, incarnation, states)
 
     return start
 
@@ -152,33 +179,56 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         ray.init(include_dashboard=False, logging_level=logging.WARNING)
     run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
-    store, writer = RunStore(out, run_id), RunWriter(out, run_id, cfg)
+    store = RunStore(out, run_id)
+    model = initial_model(cfg, prepared.source([]))
     checkpoint = None
     if resume:
         record = store.load_record()
         record = dataclasses.replace(record, resumes=record.resumes + 1, driver=_driver())
         checkpoint = store.load()
-        writer.resume(checkpoint.rows if checkpoint else {})
         placement = with_resources(cfg, _nodes(), record.blocks)
     else:
         placement = plan(cfg, _nodes())
+        cfg = resolve_execution(cfg, model, len(placement.blocks))
+        prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
                            datetime.now(UTC).isoformat(), " ".join(sys.argv), driver=_driver())
-    pool = ActorPool(placement.blocks, actor_factory(prepared, placement), cfg.actor_retries,
-                     writer.add)
-    weights = checkpoint.weights if checkpoint else initial_weights(cfg, prepared.source([]))
-    coordinator = Coordinator(cfg, pool, weights, writer, store, on_progress, checkpoint, clock)
+    writer = RunWriter(out, run_id, cfg)
+    if resume:
+        writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(record)
+    template = params_of(model)
+    server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg)
+    stateful = server.algorithm.init_user_state(template) is not None
     row = {"status": "running", "started_at": datetime.fromisoformat(record.started_at),
            "resumes": record.resumes, "command": record.command,
            "n_actors": len(placement.blocks), "actor_cpus": placement.num_cpus,
            "actor_gpus": placement.num_gpus,
-           "rounds_done": coordinator.rounds_done, **_versions()}
+           "rounds_done": checkpoint.round if checkpoint else 0, **_versions()}
     writer.write_run(row)
+    rollbacks = 0
+    pool = coordinator = None
     try:
-        pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
-        row["startup_seconds"] = time.perf_counter() - clock
-        coordinator.run()
+        while True:
+            pool = ActorPool(placement.blocks, actor_factory(prepared, placement, checkpoint),
+                             cfg.actor_retries, writer.add, replaceable=not stateful)
+            weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(
+                template)
+            coordinator = Coordinator(cfg, pool, weights, strategy, server, writer, store,
+                                      on_progress, checkpoint, clock)
+            try:
+                pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
+                row.setdefault("startup_seconds", time.perf_counter() - clock)
+                coordinator.run()
+                break
+            except StateLost as lost:
+                rollbacks += 1
+                if rollbacks > cfg.actor_retries:
+                    raise lost.failed(rollbacks) from None
+                pool.stop()
+                checkpoint = store.load()
+                writer.resume(checkpoint.rows if checkpoint else {})
+                writer.add("events", [lost.event(checkpoint.round if checkpoint else 0)])
         row["status"] = "finished"
         row.update(_peak_memory(pool))
     except BaseException as err:
@@ -188,8 +238,11 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         raise
     finally:
         writer.flush()
-        row.update(ended_at=datetime.now(UTC), wall_seconds=coordinator.wall_seconds(),
-                   rounds_done=coordinator.rounds_done)
+        if coordinator is not None:
+            row.update(wall_seconds=coordinator.wall_seconds(),
+                       rounds_done=coordinator.rounds_done)
+        row.update(ended_at=datetime.now(UTC))
         writer.write_run(row)
-        pool.stop()
+        if pool is not None:
+            pool.stop()
     return run_id

@@ -1,0 +1,120 @@
+"""The interface every federated algorithm implements, built-in or a user's own.
+
+In the spirit of FedJAX's ``FederatedAlgorithm``: an algorithm is a value whose client
+side is three small functions (``client_init``, ``client_step``, ``client_final``)
+and whose server side says how the users' aggregated results become the next model.
+It computes through a :class:`ModelOps`, never through a model or an engine
+directly, so one definition runs one user at a time, under ``vmap``, or for a block of
+users whose parameters are stacked (see :mod:`perfed_ray.engines`), on CPU or GPU.
+Nothing here knows about Ray, actors or files.
+
+Per-user state (a personal model, a personal head) is what ``init_user_state``
+returns; it is kept with the user on the actor that hosts it between rounds and is
+saved with every checkpoint, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+
+from perfed_ray.algorithms.tree import Params, Scalar, sgd
+
+if TYPE_CHECKING:
+    from perfed_ray.config import RunConfig
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, labels
+
+
+class ModelOps(Protocol):
+    """The model's maths as an algorithm may use it. An engine supplies it: by
+    ``torch.func`` for one user (and under ``vmap``), or by batched matrix products for
+    users stacked along a leading axis, where every result has that axis too."""
+
+    def loss(self, params: Params, batch: Batch) -> torch.Tensor:
+        """f(w; D), the mean cross-entropy over the batch."""
+
+    def grad_and_loss(self, params: Params, batch: Batch) -> tuple[Params, torch.Tensor]:
+        """(grad f(w; D), f(w; D))."""
+
+    def grad(self, params: Params, batch: Batch) -> Params:
+        """grad f(w; D)."""
+
+    def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
+        """H(w; D) v, exactly (forward-over-reverse autodiff)."""
+
+    def grad_difference(self, params: Params, v: Params, step: Scalar,
+                        batch: Batch) -> Params:
+        """grad f(w + step v; D) - grad f(w - step v; D) (an engine may share work
+        between the two)."""
+
+    def norm(self, tree: Params) -> torch.Tensor:
+        """The Euclidean norm of a whole tree (per user)."""
+
+
+class Algorithm:
+    """A federated algorithm: FedAvg's shape unless a method overrides a part.
+
+    Constructed from the run's configuration (pure data), on the driver and on every
+    actor. `batches_per_step` independent batches are drawn for each local step from
+    the user's training shard, from the user's own random stream; `tau` steps make a
+    round. Subclasses set `name` only for the docs; the registry names them.
+    """
+
+    batches_per_step: ClassVar[int] = 1
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.alpha = cfg.alpha
+        self.beta = cfg.beta
+
+    # -- client side -------------------------------------------------------------------
+    def init_user_state(self, server: Params) -> Params | None:
+        """A user's state before its first round (None: the method keeps none)."""
+        return None
+
+    def client_init(self, ops: ModelOps, server: Params, user_state: Params | None) -> Any:
+        """The local iterate at the start of a round: the server's weights."""
+        return server
+
+    def client_step(self, ops: ModelOps, state: Any,
+                    batches: Sequence[Batch]) -> tuple[Any, torch.Tensor]:
+        """One local step; returns the new state and the training loss it saw."""
+        raise NotImplementedError
+
+    def client_final(self, ops: ModelOps, server: Params,
+                     state: Any) -> tuple[Params, Params | None]:
+        """What the user sends the server (a model) and its state for the next round."""
+        return state, None
+
+    def personalise(self, ops: ModelOps, server: Params, user_state: Params | None,
+                    batch: Batch) -> Params:
+        """One personalisation step for evaluation, from the model it is given (the
+        server's, or the result of the previous step): SGD of size alpha, PROTOCOL.md."""
+        return sgd(server, ops.grad(server, batch), self.alpha)
+
+    # -- server side -------------------------------------------------------------------
+    def server_update(self, server: Params, aggregate: Params) -> Params:
+        """The next global model from the users' aggregated models (Algorithm 1: the
+        aggregate itself)."""
+        return aggregate
+
+
+def client_update(algorithm: Algorithm, ops: ModelOps, server: Params,
+                  steps: Sequence[Sequence[Batch]], user_state: Params | None,
+                  step: Callable[..., tuple[Any, torch.Tensor]] | None = None,
+                  ) -> tuple[Params, torch.Tensor, Params | None]:
+    """One user's round (or a stacked block's): init, one step per entry of `steps`,
+    final. Returns the model sent to the server, the mean training loss over the steps
+    and the user's next state. Free of Python control flow on values, so `vmap` takes
+    it whole; `step` replaces `algorithm.client_step` (by a compiled one)."""
+    step = step or algorithm.client_step
+    state = algorithm.client_init(ops, server, user_state)
+    losses = []
+    for batches in steps:
+        state, loss = step(ops, state, batches)
+        losses.append(loss)
+    update, user_state = algorithm.client_final(ops, server, state)
+    return update, torch.stack(losses).mean(0), user_state

@@ -1,0 +1,72 @@
+"""Per-FedAvg: Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with
+Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020.
+
+A local step is ``w <- w - beta * direction`` (eq. (7)) with three independent batches
+D, D', D''. Exact Per-FedAvg's direction is the stochastic gradient of the
+meta-function ``F_i(w) = f_i(w - alpha grad f_i(w))``, eq. (8):
+``(I - alpha H(w; D'')) grad f(w~; D')``, ``w~ = w - alpha grad f(w; D)``. The FO and HF
+variants replace its Hessian-vector product as in Section 5 and Appendix H.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.tree import sgd, tree_map
+
+
+class PerFedAvgFO(Algorithm):
+    """Per-FedAvg (FO), Section 5 (i): the Hessian term dropped, direction g."""
+
+    batches_per_step = 3
+
+    def outer_gradient(self, ops, w, batches):
+        """g = grad f(w~; D') with w~ = w - alpha grad f(w; D); also f(w; D)."""
+        inner, loss = ops.grad_and_loss(w, batches[0])
+        return ops.grad(sgd(w, inner, self.alpha), batches[1]), loss
+
+    def direction(self, ops, w, batches):
+        return self.outer_gradient(ops, w, batches)
+
+    def client_step(self, ops, w, batches):
+        direction, loss = self.direction(ops, w, batches)
+        return sgd(w, direction, self.beta), loss
+
+
+class PerFedAvg(PerFedAvgFO):
+    """Per-FedAvg, Algorithm 1 and eq. (8): (I - alpha H(w; D'')) g, the Hessian at w,
+    its product with g exact by autodiff."""
+
+    def direction(self, ops, w, batches):
+        g, loss = self.outer_gradient(ops, w, batches)
+        hv = ops.hvp(w, batches[2], g)
+        return tree_map(lambda a, b: a - self.alpha * b, g, hv), loss
+
+
+class PerFedAvgHF(PerFedAvgFO):
+    """Per-FedAvg (HF), Section 5 (ii) and Appendix H: g - alpha d with the central
+    difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta),
+    delta as :meth:`difference_step` chooses it."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.delta = cfg.delta
+        self.normalized = cfg.hf_delta == "normalized"
+
+    def difference_step(self, ops, g):
+        """HF's delta: fixed (the paper's text), or delta / ||g||, so w moves by a fixed
+        length delta whatever the gradient's size (HF-MAML analyses scale it so; a fixed
+        delta times a large g is a large, inaccurate perturbation). ||g|| = 0 is guarded
+        by the smallest positive float: g = 0 then makes the difference 0, not NaN."""
+        if not self.normalized:
+            return self.delta
+        norm = ops.norm(g)
+        return self.delta / torch.clamp(norm, min=torch.finfo(norm.dtype).tiny)
+
+    def direction(self, ops, w, batches):
+        g, loss = self.outer_gradient(ops, w, batches)
+        step = self.difference_step(ops, g)
+        difference = ops.grad_difference(w, g, step, batches[2])
+        scale = self.alpha / (2 * step)
+        return sgd(g, difference, scale), loss

@@ -1,0 +1,51 @@
+"""Arithmetic on parameter trees (dicts of tensors, possibly nested) for algorithms.
+
+The same expression serves one user (tensors as the model has them), many users under
+`vmap` (the user axis hidden), and many users stacked along a leading axis (the
+`fused` engine): a per-user scalar there is a tensor of shape [U], broadcast here over
+each leaf's remaining axes, so an algorithm never needs to know which it runs under.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+Params = dict[str, Any]  # name -> tensor, or name -> Params for composite states
+Scalar = float | torch.Tensor
+
+
+def tree_map(fn, tree: Params, *rest: Params) -> Params:
+    return pytree.tree_map(fn, tree, *rest)
+
+
+def per_user(s: Scalar, like: torch.Tensor) -> Scalar:
+    """A scalar, or a [U] vector of per-user scalars shaped to broadcast against `like`."""
+    if isinstance(s, torch.Tensor) and 0 < s.ndim < like.ndim:
+        return s.reshape(*s.shape, *(1,) * (like.ndim - s.ndim))
+    return s
+
+
+def sgd(w: Params, direction: Params, lr: Scalar) -> Params:
+    """w - lr * direction, leaf by leaf."""
+    return tree_map(lambda a, d: a - per_user(lr, d) * d, w, direction)
+
+
+def axpy(w: Params, direction: Params, scale: Scalar) -> Params:
+    """w + scale * direction, leaf by leaf."""
+    return sgd(w, direction, -scale)
+
+
+def add(a: Params, b: Params) -> Params:
+    return tree_map(torch.add, a, b)
+
+
+def sub(a: Params, b: Params) -> Params:
+    return tree_map(torch.sub, a, b)
+
+
+def lerp(a: Params, b: Params, weight: Scalar) -> Params:
+    """(1 - weight) a + weight b, leaf by leaf."""
+    return tree_map(lambda x, y: x + per_user(weight, y) * (y - x), a, b)

@@ -1,0 +1,197 @@
+"""The Python API: `perfed_ray.simulate(...)` runs one simulation exactly as
+`perfed-ray run` does (same validation, same tables, same checkpoints), for notebooks,
+scripts and sweeps; the command line is a thin layer over it.
+
+    import perfed_ray
+    result = perfed_ray.simulate("experiments/configs/table1/mnist-tau10-alpha0.01.yaml",
+                                 out="results", rounds=50, algorithm="fedavg")
+    result.table("evals").groupby("round")["acc_after"].mean()
+
+Bad input raises :class:`~perfed_ray.errors.InputError` before Ray starts and before
+anything is written; a run that stops raises (Diverged, WorkFailed, KeyboardInterrupt,
+or the error that stopped it) after its rows so far, its runs row with the status,
+and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are written.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perfed_ray import config as configuration
+from perfed_ray.errors import ConfigError
+
+LOGS = "logs"  # tracebacks of failed runs, under the results folder
+REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a run's rows are: `out/<table>/run_id=<run_id>/`."""
+
+    run_id: str
+    out: Path
+
+    def table(self, name: str) -> pd.DataFrame:
+        """One of the run's tables: runs, rounds, evals, events or actors."""
+        from perfed_ray.analysis import read_table
+
+        return read_table(self.out, name, self.run_id)
+
+    def summary(self) -> pd.DataFrame:
+        """The run's row of `perfed-ray summary`."""
+        from perfed_ray.analysis import summary
+
+        return summary(self.out, self.run_id)
+
+    @property
+    def checkpoint(self) -> Path:
+        """The folder `--resume` (and `simulate(resume=...)`) continue the run from."""
+        from perfed_ray.runtime.checkpoint import RunStore
+
+        return RunStore(self.out, self.run_id).folder
+
+
+def check_out(out: Path) -> None:
+    """A results folder must be creatable, writable, and empty or perfed-ray's own:
+    runs are added to it side by side, but never mixed into someone else's files."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--out {str(out)!r} cannot be created ({err.strerror}): choose a "
+                          f"writable folder") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
+    from perfed_ray.results.writer import TABLES
+    from perfed_ray.runtime.checkpoint import FOLDER
+
+    ours = {*TABLES, FOLDER, LOGS, REPORT}
+    foreign = sorted(p.name for p in out.iterdir()
+                     if p.name not in ours and not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ConfigError(f"--out {str(out)!r} is not empty and not a perfed-ray results "
+                          f"folder (it holds {shown}): choose an empty or new folder, or an "
+                          f"existing results folder")
+
+
+def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
+    """A run's status and error from its runs row, (None, None) if it has none."""
+    from perfed_ray.analysis import read_table
+
+    runs = read_table(out, "runs", run_id)
+    if runs.empty:
+        return None, None
+    return runs["status"].iloc[0], runs["error"].iloc[0]
+
+
+def resumable(run_dir: str | Path, given: configuration.RunConfig | None,
+              changes: Mapping[str, Any], out: str | Path | None = None,
+              ) -> tuple[configuration.RunConfig, Path, str]:
+    """The configuration, results folder and id of the run `run_dir` names, after
+    checking that it can and should be continued; `given` (a whole configuration) or
+    `changes` (some keys) must agree with the stopped run's."""
+    from perfed_ray.runtime.checkpoint import RunStore, locate
+
+    folder, run_id = locate(run_dir)
+    if out is not None and Path(out).resolve() != folder.resolve():
+        raise ConfigError(f"--out {str(out)!r} differs from the folder of the run being "
+                          f"resumed ({folder}): drop --out")
+    record = RunStore(folder, run_id).load_record()
+    if (pid := record.live_driver()) is not None:
+        raise ConfigError(f"run {run_id} is still running (driver pid {pid} on this machine): "
+                          f"stop it first, or wait for it")
+    stored = configuration.from_mapping(record.config)
+    if given is not None or changes:
+        given = given or configuration.from_mapping({**stored.to_dict(), **changes})
+        changed = [(k, v, getattr(given, k)) for k, v in stored.to_dict().items()
+                   if getattr(given, k) != v
+                   and not (configuration.FIELDS[k].metadata["auto"] and getattr(given, k) is None)]
+        if changed:
+            k, old, new = changed[0]
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ConfigError(f"--resume: run {run_id} was started with a different "
+                              f"configuration: {k} = {old!r} there, {new!r} here{more}; give "
+                              f"--resume alone to continue it as it was, or start a new run")
+    status, error = _status(folder, run_id)
+    if status == "finished":
+        raise ConfigError(f"run {run_id} already finished all {stored.rounds} rounds: "
+                          f"nothing to resume")
+    if status == "diverged":
+        raise ConfigError(f"run {run_id} diverged ({error}); resuming would diverge again: "
+                          f"start a new run with a smaller beta or alpha")
+    return stored, folder, run_id
+
+
+def to_config(config: str | Path | Mapping[str, Any] | configuration.RunConfig | None,
+              overrides: Iterable[str] = (), **changes: Any) -> configuration.RunConfig:
+    """A validated configuration from a YAML file, a mapping or a RunConfig, with
+    `--set`-style overrides and keyword changes applied."""
+    if isinstance(config, configuration.RunConfig):
+        config = config.to_dict()
+    if config is None or isinstance(config, (str, Path)):
+        cfg = configuration.load(config, overrides)
+        return cfg.replace(**changes) if changes else cfg
+    return configuration.from_mapping(
+        {**config, **configuration.parse_overrides(overrides), **changes})
+
+
+def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | None = None,
+             out: str | Path | None = None, *, overrides: Iterable[str] = (),
+             resume: str | Path | None = None, address: str | None = None,
+             progress: Callable[[Any], None] | None = None,
+             announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
+             **changes: Any) -> RunResult:
+    """Run one simulation (or, with `resume`, continue a stopped one) and return where
+    its rows are.
+
+    `config` is a YAML file, a mapping of configuration keys, a RunConfig or None (all
+    defaults); `out` the results folder (default: results/; when resuming, the run's
+    own, which `out` may only repeat); `overrides` are `key=value` strings and
+    `changes` keyword values, both applied on top. `address` joins a running Ray
+    cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
+    `progress` receives a :class:`~perfed_ray.runtime.coordinator.Progress` after
+    every round; `announce` is told the resolved configuration and run before Ray
+    work begins.
+    """
+    overrides = list(overrides)
+    if resume is not None:
+        given = None if config is None else to_config(config, overrides, **changes)
+        pending = {} if config is not None else {
+            **configuration.parse_overrides(overrides), **changes}
+        cfg, folder, run_id = resumable(resume, given, pending, out)
+        result = RunResult(run_id, folder)
+    else:
+        cfg = to_config(config, overrides, **changes)
+        folder = Path(out or "results")
+        check_out(folder)
+        result = None
+    from perfed_ray.runtime import connect, simulation  # Ray and torch: after validation
+
+    prepared = simulation.prepare(cfg)
+    cluster = connect.cluster_address(address)
+    if cluster:
+        connect.connect(cluster)
+    if result is None:
+        result = RunResult(simulation.new_run_id(cfg), folder)
+    if announce:
+        announce(prepared.cfg, result, resume is not None)
+    from perfed_ray.runtime.coordinator import Diverged
+    from perfed_ray.runtime.pool import WorkFailed
+
+    try:
+        simulation.run(prepared, folder, progress, result.run_id, resume=resume is not None)
+    except (KeyboardInterrupt, Diverged, WorkFailed):
+        raise
+    except Exception:
+        log = folder / LOGS / f"{result.run_id}.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(traceback.format_exc())
+        raise
+    return result

@@ -1,0 +1,56 @@
+"""The one seam that decides how users' local work is executed (FedJAX's
+`for_each_client`): given an algorithm, the server's model and the batches of the
+users an actor runs in a round, an engine returns every user's model, mean training
+loss and next state, stacked along a leading user axis.
+
+Engines run on the device they are given (CPU or a GPU share), so the same code is
+the GPU path; they know nothing about Ray, and algorithms know nothing about them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from perfed_ray.algorithms.base import Algorithm, Batch
+from perfed_ray.algorithms.tree import Params
+
+Result = tuple[Params, torch.Tensor, Params | None]  # models [U, ...], losses [U], states
+
+
+def steps_of(x: torch.Tensor, y: torch.Tensor, axis: int = 0) -> list[list[Batch]]:
+    """Per local step, its batches: x is [..., tau, batches_per_step, B, ...] with tau at
+    `axis` (0 for one user, 1 for users stacked in front)."""
+    pick = (slice(None),) * axis
+    return [[(x[(*pick, t, j)], y[(*pick, t, j)]) for j in range(x.shape[axis + 1])]
+            for t in range(x.shape[axis])]
+
+
+def stack(trees: Sequence[Params | None]) -> Params | None:
+    """Per-user trees stacked along a new leading axis (None for stateless users)."""
+    if trees[0] is None:
+        return None
+    return pytree.tree_map(lambda *leaves: torch.stack(leaves), *trees)
+
+
+def unstack(tree: Params | None, n: int) -> list[Params | None]:
+    """The inverse of :func:`stack`."""
+    if tree is None:
+        return [None] * n
+    return [pytree.tree_map(lambda leaf, i=i: leaf[i], tree) for i in range(n)]
+
+
+class Engine:
+    """Runs one round of local work for the users an actor was sent."""
+
+    def __init__(self, algorithm: Algorithm, model: nn.Module, compile: bool = False) -> None:
+        self.algorithm = algorithm
+        self.model = model
+
+    def run(self, server: Params, x: torch.Tensor, y: torch.Tensor,
+            states: Params | None) -> Result:
+        """x [U, tau, batches_per_step, B, ...], y likewise; `states` stacked [U, ...]."""
+        raise NotImplementedError

@@ -1,0 +1,46 @@
+"""A model's maths by `torch.func`, for one user at a time (and under `vmap`): any
+`nn.Module` works, called with explicit parameters (`functional_call`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, grad_and_value, jvp
+from torch.utils import _pytree as pytree
+
+from perfed_ray.algorithms.base import Batch
+from perfed_ray.algorithms.tree import Params, Scalar, axpy, sub
+
+
+class FunctionalOps:
+    """:class:`~perfed_ray.algorithms.base.ModelOps` of one user, by autodiff."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, params, (x,))
+
+    def _loss(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.logits(params, x), y)
+
+    def loss(self, params: Params, batch: Batch) -> torch.Tensor:
+        return self._loss(params, *batch)
+
+    def grad_and_loss(self, params: Params, batch: Batch) -> tuple[Params, torch.Tensor]:
+        return grad_and_value(self._loss)(params, *batch)
+
+    def grad(self, params: Params, batch: Batch) -> Params:
+        return grad(self._loss)(params, *batch)
+
+    def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
+        return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
+
+    def grad_difference(self, params: Params, v: Params, step: Scalar,
+                        batch: Batch) -> Params:
+        plus = self.grad(axpy(params, v, step), batch)
+        minus = self.grad(axpy(params, v, -step), batch)
+        return sub(plus, minus)
+
+    def norm(self, tree: Params) -> torch.Tensor:
+        return torch.sqrt(sum((v * v).sum() for v in pytree.tree_leaves(tree)))

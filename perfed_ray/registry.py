@@ -1,0 +1,139 @@
+"""One registry per concept: algorithms, models, data sets, partitioners, engines, strategies.
+
+A configuration names a component by a registered name (``perfedavg-hf``), by a
+dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
+installed package registers under the concept's entry-point group
+(``[project.entry-points."perfed_ray.algorithms"] reptile = "mypkg.methods:Reptile"``).
+Built-in entries are stored as ``module:attribute`` strings and imported only when
+used, so validating a configuration lists and checks names without importing torch;
+configuration validation, ``perfed-ray keys`` and the docs all read these registries,
+and nothing else lists the names.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfed_ray.errors import ConfigError
+
+_DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def is_dotted(name: str) -> bool:
+    """``package.module:Attribute``: a user's component, not a registered name."""
+    return bool(_DOTTED.match(name))
+
+
+def import_object(path: str) -> Any:
+    """The object a ``module:attribute`` path names; ConfigError with the reason if not."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"cannot import {module_name!r} for {path!r} ({err}): is it on "
+                          f"PYTHONPATH, or installed?") from None
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{path!r}: module {module_name!r} has no {attribute!r}"
+                              ) from None
+    return obj
+
+
+@dataclass
+class Registry:
+    """Components of one concept by name; `group` is the entry-point group that other
+    packages register theirs under."""
+
+    concept: str
+    key: str  # the configuration key that names one
+    builtins: Mapping[str, str]  # name -> "module:attribute"
+    group: str = ""
+    _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def _entry_points(self) -> dict[str, str]:
+        if not self.group:
+            return {}
+        return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=self.group)}
+
+    def names(self) -> list[str]:
+        """Every registered name: built-in ones first, then installed packages'."""
+        return [*self.builtins, *(n for n in self._entry_points() if n not in self.builtins)]
+
+    def path(self, name: str) -> str:
+        """The ``module:attribute`` a name stands for; ConfigError naming the choices."""
+        if is_dotted(name):
+            return name
+        paths = {**self._entry_points(), **self.builtins}
+        if name not in paths:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(paths), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{self.key} = {name!r} is not allowed{hint}: one of "
+                              f"{', '.join(self.names())}, or a dotted path "
+                              f"package.module:Name to your own {self.concept}")
+        return paths[name]
+
+    def check(self, name: str) -> None:
+        """Raise ConfigError unless `name` is registered or a dotted path that imports;
+        built-in names are trusted without importing them."""
+        if name in self.builtins:
+            return
+        self.load(name)
+
+    def load(self, name: str) -> Any:
+        """The component itself (imported on first use)."""
+        if name not in self._loaded:
+            self._loaded[name] = import_object(self.path(name))
+        return self._loaded[name]
+
+    def describe(self) -> str:
+        return f"one of {', '.join(self.names())}, or package.module:Name"
+
+
+ALGORITHMS = Registry("algorithm", "algorithm", {
+    "fedavg": "perfed_ray.algorithms.fedavg:FedAvg",
+    "perfedavg": "perfed_ray.algorithms.perfedavg:PerFedAvg",
+    "perfedavg-fo": "perfed_ray.algorithms.perfedavg:PerFedAvgFO",
+    "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
+}, group="perfed_ray.algorithms")
+
+MODELS = Registry("model", "model", {
+    "mlp": "perfed_ray.models:MLP",
+    "cnn": "perfed_ray.models:CNN",
+}, group="perfed_ray.models")
+
+DATASETS = Registry("data set", "dataset", {
+    "mnist": "perfed_ray.data.datasets:MNIST",
+    "cifar10": "perfed_ray.data.datasets:CIFAR10",
+    "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
+    "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
+}, group="perfed_ray.datasets")
+
+PARTITIONERS = Registry("partitioner", "partition", {
+    "paper": "perfed_ray.data.partition:paper",
+    "paper-diff": "perfed_ray.data.partition:paper_diff",
+    "iid": "perfed_ray.data.partition:iid",
+    "dirichlet": "perfed_ray.data.partition:dirichlet",
+    "natural": "perfed_ray.data.partition:natural",
+}, group="perfed_ray.partitioners")
+
+ENGINES = Registry("engine", "engine", {
+    "sequential": "perfed_ray.engines.sequential:Sequential",
+    "vmap": "perfed_ray.engines.vmap:Vmap",
+    "fused": "perfed_ray.engines.fused:Fused",
+})
+
+STRATEGIES = Registry("strategy", "strategy", {
+    "uniform": "perfed_ray.strategy:Strategy",
+}, group="perfed_ray.strategies")
+
+REGISTRIES = {r.key: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, ENGINES,
+                                 STRATEGIES)}

@@ -1,0 +1,146 @@
+"""The built-in algorithms against autodiff ground truth (Section 5, Appendix H)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import grad
+
+from perfed_ray.algorithms import client_update, sgd
+from perfed_ray.config import from_mapping
+from perfed_ray.engines.functional import FunctionalOps
+from perfed_ray.models import build_model, params_of
+from perfed_ray.registry import ALGORITHMS
+
+
+@pytest.fixture
+def problem():
+    """A random MLP (double precision, so differences are not lost in rounding) and batches."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 4, 4), 10).double()
+    params = {k: v.double() for k, v in params_of(model).items()}
+    batches = [(torch.randn(40, 16, dtype=torch.float64), torch.randint(0, 10, (40,)))
+               for _ in range(3)]
+    return FunctionalOps(model), params, batches
+
+
+def _algorithm(name: str, **values):
+    return ALGORITHMS.load(name)(from_mapping({"algorithm": name, **values}))
+
+
+def _distance(a, b) -> float:
+    return float(torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in a)))
+
+
+def _norm(a) -> float:
+    return float(torch.sqrt(sum((v**2).sum() for v in a.values())))
+
+
+def _direction(name, ops, w, batches, **values):
+    return _algorithm(name, **values).direction(ops, w, batches)[0]
+
+
+def test_hf_direction_tends_to_exact_as_delta_shrinks(problem):
+    ops, w, batches = problem
+    exact = _direction("perfedavg", ops, w, batches, alpha=0.5, beta=0.1)
+    errors = [_distance(_direction("perfedavg-hf", ops, w, batches, alpha=0.5, beta=0.1,
+                                   delta=delta), exact) / _norm(exact)
+              for delta in (1e-1, 1e-2, 1e-3)]
+    # ELU's second derivative jumps at 0, so the error shrinks at least like delta
+    # (like delta^2 where no unit sits near its kink).
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < errors[0] / 100
+    assert errors[2] < 1e-6
+
+
+def test_normalized_hf_is_fixed_hf_with_delta_over_the_gradient_norm(problem):
+    ops, w, batches = problem
+    g = _direction("perfedavg-fo", ops, w, batches, alpha=0.5)
+    got = _direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=1e-2,
+                     hf_delta="normalized")
+    expected = _direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=1e-2 / _norm(g))
+    for k in w:
+        torch.testing.assert_close(got[k], expected[k])
+
+
+def test_normalized_hf_tends_to_exact_as_the_perturbation_shrinks(problem):
+    ops, w, batches = problem
+    exact = _direction("perfedavg", ops, w, batches, alpha=0.5)
+    errors = [_distance(_direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=delta,
+                                   hf_delta="normalized"), exact) / _norm(exact)
+              for delta in (1e-1, 1e-3)]
+    assert errors[1] < errors[0] / 10 and errors[1] < 1e-6
+
+
+def test_normalized_hf_with_a_zero_gradient_is_zero_not_nan():
+    """A flat loss has g = 0: the guarded step keeps the difference 0 / finite."""
+
+    class Flat(FunctionalOps):
+        def _loss(self, params, x, y):
+            return (params["v"] * 0).sum() + x.sum()
+
+    w = {"v": torch.ones(3, dtype=torch.float64)}
+    batch = (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
+    direction = _direction("perfedavg-hf", Flat(None), w, [batch] * 3, alpha=0.5,
+                           hf_delta="normalized")
+    torch.testing.assert_close(direction["v"], torch.zeros(3, dtype=torch.float64))
+
+
+def test_hessian_vector_product_matches_reverse_over_reverse(problem):
+    """Our forward-over-reverse HVP against PyTorch's double-backward one."""
+    ops, w, (d, _, _) = problem
+    v = {k: torch.randn_like(x) for k, x in w.items()}
+    names = list(w)
+
+    def flat_loss(*tensors):
+        return ops.loss(dict(zip(names, tensors, strict=True)), d)
+
+    _, expected = torch.autograd.functional.hvp(
+        flat_loss, tuple(w[k] for k in names), tuple(v[k] for k in names))
+    got = ops.hvp(w, d, v)
+    for k, e in zip(names, expected, strict=True):
+        torch.testing.assert_close(got[k], e)
+
+
+def test_exact_direction_is_the_gradient_of_the_meta_function(problem):
+    """With D'' = D, (I - alpha H(w; D)) grad f(w~; D') = grad_w f(w - alpha grad f(w; D); D')."""
+    ops, w, (d, d1, _) = problem
+    alpha = 0.3
+
+    def meta(params):
+        return ops.loss(sgd(params, ops.grad(params, d), alpha), d1)
+
+    expected = grad(meta)(w)
+    got = _direction("perfedavg", ops, w, [d, d1, d], alpha=alpha)
+    for k in w:
+        torch.testing.assert_close(got[k], expected[k])
+
+
+@pytest.mark.parametrize("name", ["perfedavg", "perfedavg-fo", "perfedavg-hf"])
+def test_alpha_zero_reduces_to_sgd_on_d_prime(problem, name):
+    ops, w, batches = problem
+    new, _, _ = client_update(_algorithm(name, alpha=0.0, beta=0.1), ops, w, [batches], None)
+    expected = sgd(w, ops.grad(w, batches[1]), 0.1)
+    for k in w:
+        torch.testing.assert_close(new[k], expected[k])
+
+
+def test_fedavg_is_sgd_on_d_and_client_update_takes_tau_steps(problem):
+    ops, w, (d, d1, d2) = problem
+    fedavg = _algorithm("fedavg", beta=0.1)
+    new, mean_loss, state = client_update(fedavg, ops, w, [(d, d1, d2), (d1, d, d2)], None)
+    step1 = sgd(w, ops.grad(w, d), 0.1)
+    step2 = sgd(step1, ops.grad(step1, d1), 0.1)
+    for k in w:
+        torch.testing.assert_close(new[k], step2[k])
+    torch.testing.assert_close(mean_loss, (ops.loss(w, d) + ops.loss(step1, d1)) / 2)
+    assert state is None  # FedAvg keeps no per-user state
+
+
+def test_personalisation_is_one_sgd_step_of_size_alpha(problem):
+    ops, w, (d, _, _) = problem
+    adapted = _algorithm("perfedavg-hf", alpha=0.25).personalise(ops, w, None, d)
+    g = ops.grad(w, d)
+    for k in w:
+        torch.testing.assert_close(adapted[k], w[k] - 0.25 * g[k])
+    assert ops.loss(adapted, d) < ops.loss(w, d)

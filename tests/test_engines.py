@@ -1,0 +1,89 @@
+"""The execution seam: every engine runs every algorithm to the sequential engine's
+numbers (floating-point tolerance), stateless and stateful, compiled or not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfed_ray.config import from_mapping
+from perfed_ray.engines import make_engine
+from perfed_ray.engines.stacked import chain_of, elu
+from perfed_ray.models import build_model, params_of
+from perfed_ray.registry import ALGORITHMS
+
+sys.path.insert(0, str(Path(__file__).parent / "plugins"))
+
+METHODS = [("fedavg", {}), ("perfedavg-fo", {}), ("perfedavg-hf", {}), ("perfedavg", {}),
+           ("perfedavg-hf", {"hf_delta": "normalized"}),
+           ("momentum:PersistentMomentum", {})]
+
+
+def _work(users: int, tau: int = 3, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(users, tau, 3, 40, 784, generator=gen)
+    y = torch.randint(0, 10, (users, tau, 3, 40), generator=gen)
+    return x, y
+
+
+def _run(name, values, engine, x, y, compile=False):
+    cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
+    model = build_model("mlp", (1, 28, 28), 10, seed=0)
+    algorithm = ALGORITHMS.load(name)(cfg)
+    server = params_of(model)
+    first = algorithm.init_user_state(server)
+    states = None if first is None else {
+        k: torch.stack([v + 0.01 * u for u in range(len(x))]) for k, v in first.items()}
+    return make_engine(engine, algorithm, model, compile).run(server, x, y, states)
+
+
+def _assert_close(got, expected):
+    models, losses, states = got
+    torch.testing.assert_close(losses, expected[1], rtol=1e-5, atol=1e-6)
+    for k in expected[0]:
+        torch.testing.assert_close(models[k], expected[0][k], rtol=1e-4, atol=1e-6)
+    assert (states is None) == (expected[2] is None)
+    if states is not None:
+        for k in expected[2]:
+            torch.testing.assert_close(states[k], expected[2][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "values"), METHODS)
+@pytest.mark.parametrize("engine", ["vmap", "fused"])
+def test_engines_match_sequential(name, values, engine):
+    x, y = _work(users=5)
+    _assert_close(_run(name, values, engine, x, y),
+                  _run(name, values, "sequential", x, y))
+
+
+def test_fused_runs_more_users_than_a_block_in_blocks():
+    from perfed_ray.engines.fused import BLOCK
+
+    x, y = _work(users=BLOCK + 3, tau=2)
+    _assert_close(_run("perfedavg-hf", {}, "fused", x, y),
+                  _run("perfedavg-hf", {}, "sequential", x, y))
+
+
+def test_compiled_fused_matches_sequential_for_several_block_sizes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    for users in (3, 5):
+        x, y = _work(users=users, tau=2, seed=users)
+        _assert_close(_run("fedavg", {}, "fused", x, y, compile=True),
+                      _run("fedavg", {}, "sequential", x, y))
+
+
+def test_fast_elu_is_elu():
+    z = torch.linspace(-20, 20, 10001)
+    torch.testing.assert_close(elu(z), torch.nn.functional.elu(z), rtol=0, atol=2e-7)
+
+
+def test_models_that_are_no_linear_chain_fall_back_to_vmap(capsys):
+    cnn = build_model("cnn", (3, 32, 32), 10)
+    assert chain_of(cnn) is None and chain_of(build_model("mlp", (1, 28, 28), 10))
+    cfg = from_mapping({"model": "cnn", "dataset": "cifar10"})
+    engine = make_engine("fused", ALGORITHMS.load("fedavg")(cfg), cnn, False)
+    assert type(engine).__name__ == "Vmap"
+    assert "engine fused falls back to vmap" in capsys.readouterr().err
