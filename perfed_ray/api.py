@@ -177,7 +177,9 @@ def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | 
     prepared = simulation.prepare(cfg)
     cluster = connect.cluster_address(address)
     if cluster:
-        connect.connect(cluster)
+        from perfed_ray.runtime.environment import plugin_modules
+
+        connect.connect(cluster, plugin_modules(cfg))
     if result is None:
         result = RunResult(simulation.new_run_id(cfg), folder)
     if announce:

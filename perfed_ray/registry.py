@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +32,12 @@ def is_dotted(name: str) -> bool:
 
 
 def import_object(path: str) -> Any:
-    """The object a ``module:attribute`` path names; ConfigError with the reason if not."""
+    """The object a ``module:attribute`` path names; ConfigError with the reason if not.
+    The current directory is searched too, as `python -m` would (the `perfed-ray`
+    command's own folder is on the path instead)."""
     module_name, _, attribute = path.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
@@ -93,6 +99,10 @@ class Registry:
         if name not in self._loaded:
             self._loaded[name] = import_object(self.path(name))
         return self._loaded[name]
+
+    def provide(self, name: str, obj: Any) -> None:
+        """Answer `name` with an object resolved elsewhere (the driver's, in an actor)."""
+        self._loaded[name] = obj
 
     def describe(self) -> str:
         return f"one of {', '.join(self.names())}, or package.module:Name"

@@ -134,16 +134,16 @@ def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(ray_session,
 
 
 def test_dropouts_and_stragglers_are_drawn_per_round_and_recorded(reference):
-    from perfed_ray.runtime.coordinator import participation
+    from perfed_ray.strategy import Strategy
 
     cfg = from_mapping({**CONFIG, "n_users": 1000, "dropout": 0.3, "stragglers": 0.5})
     users = list(range(1000))
-    who = participation(cfg, 7, users)
-    assert who == participation(cfg, 7, users)  # the round's own stream: replayable
-    assert who != participation(cfg, 8, users)
+    who = Strategy(cfg).participation(7, users)
+    assert who == Strategy(cfg).participation(7, users)  # the round's own stream: replayable
+    assert who != Strategy(cfg).participation(8, users)
     assert sorted(who.reporting + who.dropped + who.late) == users  # each user once
     assert 250 < len(who.dropped) < 350 and 300 < len(who.late) < 400  # 30%, 70% * 50%
-    nobody = participation(cfg.replace(dropout=1.0), 7, users)
+    nobody = Strategy(cfg.replace(dropout=1.0)).participation(7, users)
     assert nobody.reporting == [] and nobody.dropped == users
 
     # In the reference run, every sampled user either reported or is an event.

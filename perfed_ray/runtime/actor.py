@@ -21,6 +21,7 @@ from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.registry import STRATEGIES
+from perfed_ray.runtime.environment import Components, adopt
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,15 @@ class UserActor:
 
     `actor` and `incarnation` name it in the run's records (a replacement for a dead
     actor is the next incarnation of the same actor); `states` are its users' per-user
-    states from the checkpoint a run resumes from."""
+    states from the checkpoint a run resumes from; `found` the user's own components,
+    resolved by the driver (:mod:`perfed_ray.runtime.environment`)."""
 
     def __init__(self, cfg: RunConfig, users: list[int], source: ShardSource,
                  data: DataArrays | None, num_cpus: float, num_gpus: float,
                  actor: int = 0, incarnation: int = 0,
-                 states: dict[int, np.ndarray] | None = None) -> None:
+                 states: dict[int, np.ndarray] | None = None,
+                 found: Components | None = None) -> None:
+        adopt(cfg, found or {})
         self.actor, self.incarnation = actor, incarnation
         torch.set_num_threads(max(1, int(num_cpus)))
         use_gpu = num_gpus > 0 and torch.cuda.is_available()

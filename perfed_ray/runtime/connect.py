@@ -44,20 +44,22 @@ def cluster_address(flag: str | None) -> str | None:
     return flag or os.environ.get("RAY_ADDRESS") or None
 
 
-def runtime_env() -> dict[str, object]:
-    """What every worker of the run needs besides the node's Python: this package."""
-    return {"py_modules": [str(Path(perfed_ray.__file__).parent)],
+def runtime_env(modules: list[str] = ()) -> dict[str, object]:
+    """What every worker of the run needs besides the node's Python: this package, and
+    the user's own modules (:func:`perfed_ray.runtime.environment.plugin_modules`)."""
+    return {"py_modules": [str(Path(perfed_ray.__file__).parent), *modules],
             "excludes": ["__pycache__", "*.pyc"]}
 
 
-def connect(address: str) -> None:
+def connect(address: str, modules: list[str] = ()) -> None:
     """Connect this driver to the Ray cluster at `address` (`auto`, `host:port` or
-    `ray://host:port`); raises InputError, with the fix, when that cannot be done."""
+    `ray://host:port`), shipping this package and `modules`; raises InputError, with
+    the fix, when that cannot be done."""
     _check_reachable(address)
     os.environ.setdefault(_GCS_ATTEMPTS, "3")
     with _stderr_kept_if_ok() as failed:
         try:
-            ray.init(address=address, runtime_env=runtime_env(),
+            ray.init(address=address, runtime_env=runtime_env(modules),
                      logging_level=logging.WARNING)
         except Exception as err:
             failed()

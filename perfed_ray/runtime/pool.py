@@ -76,18 +76,19 @@ class ActorPool:
     without `replaceable` (users with per-user state) a death raises StateLost."""
 
     def __init__(self, blocks: list[list[int]], start_actor: ActorFactory, retries: int,
-                 record: Record, replaceable: bool = True) -> None:
+                 record: Record, replaceable: bool = True,
+                 incarnations: list[int] | None = None) -> None:
         self.blocks = blocks
         self.replaceable = replaceable
         self.start_actor = start_actor
         self.retries = retries
         self.record = record
         self.actors: list[ray.actor.ActorHandle] = []
-        self.incarnations = [0] * len(blocks)
+        self.incarnations = incarnations or [0] * len(blocks)
 
     def start(self, from_round: int) -> None:
         """Start every actor and wait until all hold their shards."""
-        self.actors = [self.start_actor(i, 0) for i in range(len(self.blocks))]
+        self.actors = [self.start_actor(i, self.incarnations[i]) for i in range(len(self.blocks))]
         self.record("actors", [self._row(i, d, from_round)
                                for i, d in enumerate(self.describe())])
 

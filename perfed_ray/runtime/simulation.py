@@ -25,6 +25,7 @@ import ray
 import torch
 
 import perfed_ray
+from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -46,7 +47,7 @@ from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress
-from perfed_ray.runtime.environment import actor_env
+from perfed_ray.runtime.environment import components, plugin_modules
 from perfed_ray.runtime.placement import Placement, plan, with_resources
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.seeding import Stream, numpy_rng
@@ -124,21 +125,21 @@ def actor_factory(prepared: Prepared, placement: Placement,
                   checkpoint: Checkpoint | None = None) -> ActorFactory:
     """How to start (or restart) actor i: its block's shards come from the data set,
     put once in the object store and shared, or from the data root the actor reads;
-    its users' per-user states from the checkpoint the run continues from. The actor's
-    runtime_env carries the user's own components (dotted paths in the configuration)."""
+    its users' per-user states from the checkpoint the run continues from; the user's
+    own components (dotted paths in the configuration) resolved here."""
     cfg = prepared.cfg
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
-    env = actor_env(cfg)
+    found = components(cfg)
 
     def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
         block = placement.blocks[actor]
         states = checkpoint.states_of(block) if checkpoint else None
         return UserActor.options(
             num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-            scheduling_strategy="SPREAD", runtime_env=env,
+            scheduling_strategy="SPREAD", runtime_env=faults.actor_env(),
         ).remote(cfg, block, prepared.source(block), data_ref, placement.num_cpus,
-                 placement.num_gpus, actor, incarnation, states)
+                 placement.num_gpus, actor, incarnation, states, found)
 
     return start
 
@@ -176,7 +177,9 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     The runs row says `finished` only if every round ran."""
     cfg = prepared.cfg
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        modules = plugin_modules(cfg)
+        ray.init(include_dashboard=False, logging_level=logging.WARNING,
+                 runtime_env={"py_modules": modules} if modules else None)
     run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
     store = RunStore(out, run_id)
@@ -206,12 +209,13 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
            "actor_gpus": placement.num_gpus,
            "rounds_done": checkpoint.round if checkpoint else 0, **_versions()}
     writer.write_run(row)
-    rollbacks = 0
+    rollbacks, incarnations = 0, None
     pool = coordinator = None
     try:
         while True:
             pool = ActorPool(placement.blocks, actor_factory(prepared, placement, checkpoint),
-                             cfg.actor_retries, writer.add, replaceable=not stateful)
+                             cfg.actor_retries, writer.add, replaceable=not stateful,
+                             incarnations=incarnations)
             weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(
                 template)
             coordinator = Coordinator(cfg, pool, weights, strategy, server, writer, store,
@@ -226,6 +230,7 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
                 if rollbacks > cfg.actor_retries:
                     raise lost.failed(rollbacks) from None
                 pool.stop()
+                incarnations = [i + 1 for i in pool.incarnations]  # all restarted
                 checkpoint = store.load()
                 writer.resume(checkpoint.rows if checkpoint else {})
                 writer.add("events", [lost.event(checkpoint.round if checkpoint else 0)])

@@ -1,0 +1,138 @@
+"""A researcher's own algorithm, in a module outside the package: named by dotted path
+or by an entry point, shipped to the actors through Ray's runtime_env, run with the
+fused and vmap engines, checkpointed with its per-user state and resumed exactly,
+and rolled back when an actor holding per-user state dies."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import perfed_ray
+from perfed_ray.analysis import OUTCOME, outcome
+from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.registry import ALGORITHMS
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+STATEFUL = "momentum:PersistentMomentum"
+TINY = {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
+        "eval_every": 2, "checkpoint_every": 2, "final_eval_draws": 2, "beta": 0.2,
+        "users_per_actor": 3}
+
+
+def readme_example() -> str:
+    """The module of the README's "Add your own algorithm", as printed there."""
+    readme = (REPO / "README.md").read_text()
+    return re.search(r"<!-- plugin:begin -->\n```python\n(.*?)```", readme, re.S).group(1)
+
+
+@pytest.fixture
+def on_path(monkeypatch, tmp_path):
+    """The driver imports the plug-ins from here; the actors only get them shipped."""
+    (tmp_path / "reptile_fl.py").write_text(readme_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    return tmp_path
+
+
+def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session,
+                                                                             on_path):
+    assert len(readme_example().splitlines()) < 40
+    tables = {}
+    for engine in ("fused", "vmap"):
+        result = perfed_ray.simulate({**TINY, "algorithm": "reptile_fl:Reptile"},
+                                     on_path / engine, engine=engine)
+        assert result.table("runs")["status"].tolist() == ["finished"]
+        assert set(result.table("runs")["engine"]) == {engine}
+        tables[engine] = result.table("evals").sort_values(["round", "user", "draw"])
+    pd.testing.assert_series_equal(tables["fused"]["loss_after"].reset_index(drop=True),
+                                   tables["vmap"]["loss_after"].reset_index(drop=True),
+                                   rtol=1e-4)
+    acc = tables["fused"].groupby("round")["acc_after"].mean()
+    assert acc[6] > acc[0] + 0.1  # it learns
+
+
+def test_unknown_names_and_bad_paths_are_one_line_errors(on_path):
+    with pytest.raises(ConfigError, match=r"algorithm = 'reptlie' is not allowed.*package"):
+        from_mapping({"algorithm": "reptlie"})
+    with pytest.raises(ConfigError, match=r"cannot import 'nowhere'"):
+        from_mapping({"algorithm": "nowhere:Reptile"})
+    with pytest.raises(ConfigError, match=r"module 'reptile_fl' has no 'Reptil'"):
+        from_mapping({"algorithm": "reptile_fl:Reptil"})
+
+
+def test_an_entry_point_registers_a_name(on_path, monkeypatch):
+    dist = on_path / "reptile_fl-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reptile-fl\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[perfed_ray.algorithms]\nreptile = "
+                                           "reptile_fl:Reptile\n")
+    assert "reptile" in ALGORITHMS.names()
+    assert from_mapping({"algorithm": "reptile"}).algorithm == "reptile"
+    assert ALGORITHMS.load("reptile").__name__ == "Reptile"
+
+
+def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONPATH": str(PLUGINS)}
+    env.pop("PERFED_FAULT", None)
+    if fault:
+        env["PERFED_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stateful_reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
+    sys.path.insert(0, str(PLUGINS))
+    out = tmp_path_factory.mktemp("stateful")
+    perfed_ray.simulate({**TINY, "algorithm": STATEFUL, "engine": "fused"}, out)
+    sys.path.remove(str(PLUGINS))
+    return outcome(out)
+
+
+def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
+    got = outcome(out)
+    if not got["events"].empty:  # the roll-back's record is the only event
+        assert set(got["events"]["kind"]) == {"actor-died"}
+        got["events"] = expected["events"]
+    for name in OUTCOME:
+        pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
+
+
+def test_per_user_state_is_checkpointed_and_resumed_exactly(ray_session, stateful_reference,
+                                                            tmp_path):
+    from perfed_ray.runtime.checkpoint import RunStore
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "algorithm": STATEFUL, "engine": "fused"}))
+    out = tmp_path / "results"
+    address = ray_session.get_runtime_context().gcs_address
+    killed = _cli([str(config), "--out", str(out)], address, fault="driver-round@5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [run_dir] = (out / "checkpoints").iterdir()
+    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    assert saved.round == 4 and saved.states  # momentum buffers of the users trained so far
+    assert set(saved.states) <= set(range(6)) and len(saved.states) >= 3
+    done = _cli(["--resume", str(run_dir)], address)
+    assert done.returncode == 0, done.stderr
+    _assert_same(out, stateful_reference)
+
+
+def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
+        ray_session, stateful_reference, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
+    perfed_ray.simulate({**TINY, "algorithm": STATEFUL, "engine": "fused"}, tmp_path)
+    _assert_same(tmp_path, stateful_reference)
+    died = pd.read_parquet(tmp_path / "events").query("kind == 'actor-died'")
+    assert died[["round", "actor"]].values.tolist() == [[3, 0]]
+    assert "rolled back to the checkpoint of round 2" in died["detail"].iloc[0]
