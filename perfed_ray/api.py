@@ -147,7 +147,7 @@ def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | 
              resume: str | Path | None = None, address: str | None = None,
              progress: Callable[[Any], None] | None = None,
              announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
-             **changes: Any) -> RunResult:
+             verbose: bool = False, **changes: Any) -> RunResult:
     """Run one simulation (or, with `resume`, continue a stopped one) and return where
     its rows are.
 
@@ -158,7 +158,7 @@ def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | 
     cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
     `progress` receives a :class:`~perfed_ray.runtime.coordinator.Progress` after
     every round; `announce` is told the resolved configuration and run before Ray
-    work begins.
+    work begins; `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
     """
     overrides = list(overrides)
     if resume is not None:
@@ -172,8 +172,10 @@ def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | 
         folder = Path(out or "results")
         check_out(folder)
         result = None
-    from perfed_ray.runtime import connect, simulation  # Ray and torch: after validation
+    from perfed_ray.runtime import chatter, connect, simulation  # Ray, torch: after validation
 
+    if not verbose:
+        chatter.hide()
     prepared = simulation.prepare(cfg)
     cluster = connect.cluster_address(address)
     if cluster:

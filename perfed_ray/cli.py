@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         result = simulate(args.config, args.out, overrides=args.set, resume=args.resume,
-                          address=args.address, announce=announce,
+                          address=args.address, announce=announce, verbose=args.verbose,
                           progress=None if args.quiet else ProgressDisplay())
     except InputError:
         raise
@@ -153,6 +153,8 @@ def parser() -> argparse.ArgumentParser:
                      help="continue a stopped run from its last checkpoint: "
                           "RESULTS/checkpoints/run_id=ID (printed when it started)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument("--verbose", action="store_true",
+                     help="show Ray's start-up messages (worker processes, token authentication)")
     run.add_argument("--address", help="join the Ray cluster at auto, HOST:PORT or "
                      "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)")
     run.set_defaults(func=cmd_run)

@@ -75,21 +75,33 @@ class Learner:
             self.states[user] = state
         return state
 
-    def local_batches(self, user: int, round_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh batches for each of the tau steps of a round: x [tau, per_step, B, ...]."""
-        shard = self.shards[user]
-        idx = round_indices(self.cfg.seed, user, round_, len(shard.y_train), self.cfg.tau,
-                            self.algorithm.batches_per_step, self.cfg.batch_size)
-        return gather(shard.x_train, idx), gather(shard.y_train, idx)
+    def _indices(self, user: int, round_: int) -> torch.Tensor:
+        algorithm = self.algorithm
+        return round_indices(self.cfg.seed, user, round_, len(self.shards[user].y_train),
+                             self.cfg.tau, algorithm.batches_per_step, self.cfg.batch_size,
+                             algorithm.draws_per_step)
+
+    def block_batches(self, users: list[int],
+                      round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh batches for each of the tau steps of a round, for several users, stacked:
+        x [U, tau, per_step, B, ...], gathered straight into place."""
+        first = self.shards[users[0]]
+        idx = [self._indices(u, round_) for u in users]
+        x = torch.empty(len(users), *idx[0].shape, *first.x_train.shape[1:],
+                        dtype=first.x_train.dtype, device=self.device)
+        y = torch.empty(len(users), *idx[0].shape, dtype=first.y_train.dtype,
+                        device=self.device)
+        for i, (u, index) in enumerate(zip(users, idx, strict=True)):
+            gather(self.shards[u].x_train, index, out=x[i])
+            gather(self.shards[u].y_train, index, out=y[i])
+        return x, y
 
     def train(self, server: Params, users: list[int],
               round_: int) -> tuple[Params, torch.Tensor]:
         """Round k's local work of the given users from the server's model: their models
         stacked along a leading axis and their mean training losses; their states move
         on to the next round."""
-        batches = [self.local_batches(u, round_) for u in users]
-        x = torch.stack([b[0] for b in batches])
-        y = torch.stack([b[1] for b in batches])
+        x, y = self.block_batches(users, round_)
         states = stack([self._state(u, server) for u in users])
         models, losses, new_states = self.engine.run(server, x, y, states)
         if new_states is not None:

@@ -116,3 +116,22 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     for u, vector in expected.items():
         np.testing.assert_allclose(result.per_user[u], vector, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.total, sum(expected.values()), rtol=1e-5, atol=1e-5)
+
+
+def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(ray_session):
+    """aggregation: samples (the strategy's weight, computed where the shard is): the
+    actor's total is sum n_i w_i and its weight sum n_i."""
+    from perfed_ray.runtime.placement import Placement
+
+    cfg = from_mapping({"dataset": "gaussian", "partition": "dirichlet", "n_users": 4,
+                        "fraction": 0.5, "tau": 2, "aggregation": "samples"})
+    prepared = simulation.prepare(cfg)
+    actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
+    weights = simulation.initial_weights(cfg, prepared.source([0]))
+    result = ray_session.get(actor.train.remote(weights, [0, 1, 3], 1, per_user=True))
+    ray_session.kill(actor)
+    n = {u: len(prepared.users[u].train) for u in (0, 1, 3)}
+    assert len(set(n.values())) == 3  # Dirichlet shards differ in size
+    assert result.weight == sum(n.values())
+    expected = sum(n[u] * result.per_user[u].astype(np.float64) for u in n)
+    np.testing.assert_allclose(result.total, expected, rtol=1e-6, atol=1e-6)

@@ -26,9 +26,9 @@ def machine() -> dict[str, object]:
             "ray": ray.__version__}
 
 
-def save(rows: list[dict], name: str) -> Path:
-    """Write one benchmark's rows (with the machine) to results/<name>.parquet."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.parquet"
+def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
+    """Write one benchmark's rows (with the machine) to <out>/<name>.parquet."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.parquet"
     pd.DataFrame([{**machine(), **row} for row in rows]).to_parquet(path, index=False)
     return path

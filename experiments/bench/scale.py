@@ -1,13 +1,15 @@
 """How the simulator's cost grows with the number of users: Synthetic(1, 1).
 
     python experiments/bench/scale.py [--users 100 1000 10000] [--rounds 10]
+    python experiments/bench/scale.py --smoke --out /tmp/bench   # CI: seconds
 
 For each n: 100 users per round (fraction = 100 / n), Per-FedAvg (HF), MLP,
 batch 40, tau = 10, users_per_actor auto (one actor per core) with batched
 training; evaluation only at round 0 and at the end. Records start-up time
 (run start until every actor holds its users), seconds per round (median),
 and peak resident memory of the driver and of all actors together. Writes
-results/scale.parquet and refreshes BENCHMARKS.md.
+OUT/scale.parquet (default experiments/bench/results) and, for the default OUT,
+refreshes BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
 
-from common import save
+from common import RESULTS, save
 from report import write_report
 
 from perfed_ray.analysis import read_table
@@ -29,7 +32,11 @@ def main() -> None:
     parser.add_argument("--users", type=int, nargs="+", default=[100, 1000, 10_000])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--algorithm", default="perfedavg-hf")
+    parser.add_argument("--smoke", action="store_true", help="100 users, 2 rounds")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.smoke:
+        args.users, args.rounds = [100], 2
     rows = []
     for n in args.users:
         cfg = from_mapping({"dataset": "synthetic", "partition": "natural", "n_users": n,
@@ -51,8 +58,9 @@ def main() -> None:
                      "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
                      "wall_seconds": wall})
         print(rows[-1], flush=True)
-    save(rows, "scale")
-    write_report()
+    save(rows, "scale", args.out)
+    if args.out == RESULTS:
+        write_report()
 
 
 if __name__ == "__main__":

@@ -1,103 +1,206 @@
-"""User-steps per second on the paper's MNIST workload, three ways.
+"""User-steps per second on the paper's MNIST workload: every algorithm and engine,
+beside a plain single-process loop and the machine's measured GEMM peak.
 
-    python experiments/bench/throughput.py [--rounds 20] [--algorithms ...]
+    python experiments/bench/throughput.py [--rounds 30] [--algorithms ...] [--no-whole-runs]
+    python experiments/bench/throughput.py --smoke --out /tmp/bench   # CI: seconds, not minutes
 
-Workload: MLP (80, 60), batch 40, tau = 10, n = 50 users (paper split), 10
-users per round. For each algorithm:
+Workload: MLP (80, 60), batch 40, tau = 10, n = 50 users (paper split), 10 users per
+round (experiments/configs/table1/mnist-tau10-alpha0.01.yaml). Measured, per algorithm:
 
-- `loop`: a plain single-process PyTorch loop over the sampled users (the
-  same LocalLearner, no Ray), default torch threads;
-- `actor-per-user`: perfed-ray with one user per actor (50 actors);
-- `packed-batched`: perfed-ray with users_per_actor auto (one actor per core)
-  training its sampled users together with vmap.
+- `loop, 1 thread` / `loop, all threads`: a plain single-process loop over the round's
+  users, one after another, `torch.func` gradients (the `sequential` engine, no Ray);
+- `<engine>, 1 thread`: one process, one thread, the round's users in one call of the
+  engine (what one actor does with its share of a round);
+- `ray <engine>`: perfed-ray itself on the local Ray with its default placement (one
+  actor per core here), rounds end to end (sampling, object store, aggregation);
+- `ray <engine>, one actor x N threads`: the same with `num_cpus_per_actor` = the
+  machine's cores, so one actor hosts every user and its engine uses every core.
 
-User-steps per second = users per round x tau / seconds per round (median over
-rounds; start-up and evaluation excluded). Writes results/throughput.parquet
-and refreshes BENCHMARKS.md.
+User-steps per second = users per round x tau / seconds per round (median over rounds,
+the first round, which compiles, excluded). Each figure's share of the GEMM peak
+counts the paper's arithmetic: a gradient is the MLP's forward, weight-gradient and
+input-gradient matrix products; FedAvg takes one a step, FO two, HF four and exact
+Per-FedAvg four (its Hessian-vector product priced as two gradients). The peak is a
+1024 x 1024 float32 matrix product on one thread and on all threads.
+
+Unless --no-whole-runs: the README's quick start (1000 rounds of HF) timed from
+command to summary, and a whole 300-round run beside the single-thread loop doing the
+same 300 rounds of training, start-up and compilation included.
+
+Writes OUT/throughput.parquet (default experiments/bench/results) and, for the
+default OUT, refreshes BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from common import save
+from common import RESULTS, save
 from report import write_report
 
-from perfed_ray.config import from_mapping
-from perfed_ray.data import materialise
-from perfed_ray.learner import LocalLearner
-from perfed_ray.models import FlatParams, build_model
+from perfed_ray.config import load
+from perfed_ray.learner import Learner
+from perfed_ray.models import FlatParams, params_of
 from perfed_ray.runtime import simulation
-from perfed_ray.runtime.coordinator import sample_users
+from perfed_ray.strategy import Strategy
 
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "experiments" / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
 ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg"]
+GRADIENTS = {"fedavg": 1, "perfedavg-fo": 2, "perfedavg-hf": 4, "perfedavg": 4}
+ENGINES = [("vmap", False), ("fused", False), ("fused", True)]
 
 
-def plain_loop(cfg, prepared) -> list[float]:
-    """Seconds per round of a single-process loop over the sampled users."""
-    model = build_model(cfg.model, prepared.data.input_shape, prepared.data.n_classes)
-    learner = LocalLearner(cfg, model)
-    shards = [materialise(prepared.data, u, torch.device("cpu"), prepared.scaling)
-              for u in prepared.users]
-    weights = simulation.initial_weights(cfg, prepared.source([]))
-    flat = FlatParams({k: v.detach() for k, v in model.named_parameters()})
+def gemm_peak(threads: int, seconds: float = 2.0) -> float:
+    """FLOP/s of a 1024^3 float32 matrix product on `threads` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.mm(a, b)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        n += 1
+    return 2 * 1024**3 * n / (time.perf_counter() - start)
+
+
+def gradient_flops(model: torch.nn.Module, batch: int) -> float:
+    """Matrix-product FLOPs of one gradient of the MLP on one batch."""
+    sizes = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    forward = sum(2 * batch * out * inp for out, inp in sizes)
+    input_grads = sum(2 * batch * out * inp for out, inp in sizes[1:])
+    return 2 * forward + input_grads
+
+
+def label(engine: str, compile_: bool) -> str:
+    return engine + (" + compile" if compile_ else "")
+
+
+def in_process(cfg, prepared, engine: str, compile_: bool, threads: int,
+               rounds: int) -> list[float]:
+    """Seconds per round of one process training each round's users in one engine call
+    and averaging them (no Ray); the first round is dropped (compilation)."""
+    torch.set_num_threads(threads)
+    model = simulation.initial_model(cfg, prepared.source([]))
+    users = list(range(cfg.n_users))
+    shards = prepared.source(users).shards(users, torch.device("cpu"), prepared.data)
+    learner = Learner(cfg.replace(engine=engine, compile=compile_), model, shards)
+    flat, strategy = FlatParams(params_of(model)), Strategy(cfg)
+    weights = flat.flatten(params_of(model))
     seconds = []
-    for round_ in range(1, cfg.rounds + 1):
+    for round_ in range(1, rounds + 2):
         start = time.perf_counter()
-        users = sample_users(cfg.seed, round_, cfg.n_users, cfg.users_per_round)
-        params = flat.unflatten(weights)
-        new = [flat.flatten(learner.train(params, shards[u], round_)[0]) for u in users]
-        weights = np.mean(new, axis=0, dtype=np.float32)
+        models, _ = learner.train(flat.unflatten(weights), strategy.sample(round_), round_)
+        weights = flat.flatten({k: v.mean(0) for k, v in models.items()})
         seconds.append(time.perf_counter() - start)
-    return seconds
+    return seconds[1:]
 
 
-def on_ray(cfg, prepared) -> tuple[list[float], dict]:
-    """Seconds per round of a perfed-ray run, and its runs row."""
+def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int,
+           cpus_per_actor: float | None = None) -> list[float]:
+    """Seconds per round of a perfed-ray run (default placement, or actors of
+    `cpus_per_actor` CPUs); the first round is dropped."""
     from perfed_ray.analysis import read_table
 
+    run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1,
+                          num_cpus_per_actor=cpus_per_actor)
     with tempfile.TemporaryDirectory() as out:
-        simulation.run(simulation.Prepared(cfg, prepared.data, prepared.users), out)
-        rounds, runs = read_table(out, "rounds"), read_table(out, "runs")
-    return rounds["wall_seconds"].tolist(), runs.iloc[0].to_dict()
+        simulation.run(simulation.Prepared(run_cfg, prepared.data, prepared.users,
+                                           prepared.scaling), out)
+        table = read_table(out, "rounds")
+    return table.sort_values("round")["wall_seconds"].tolist()[1:]
+
+
+def timed_cli(sets: list[str]) -> float:
+    """Seconds from `perfed-ray run` to its summary, in a fresh process (Ray started and
+    stopped inside)."""
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", str(CONFIG),
+                        *[a for s in sets for a in ("--set", s)], "--out", out, "--quiet"],
+                       check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+
+
+def plain_loop_run(rounds: int) -> float:
+    """Seconds of the single-thread loop's whole run: data, partition and `rounds` rounds."""
+    start = time.perf_counter()
+    prepared = simulation.prepare(load(CONFIG, [f"rounds={rounds}"]))
+    in_process(prepared.cfg, prepared, "sequential", False, 1, rounds - 1)
+    return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    parser.add_argument("--no-whole-runs", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 rounds of FedAvg, 3 users, tau 2, no compilation, no whole runs")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    rows = []
+    sets = ["eval_every=1000000", "final_eval_draws=1"]
+    engines = ENGINES
+    if args.smoke:
+        args.rounds, args.algorithms, args.no_whole_runs = 2, ["fedavg"], True
+        sets += ["n_users=6", "fraction=0.5", "tau=2"]
+        engines = [e for e in ENGINES if not e[1]]
+    cores = os.cpu_count() or 1
+    peak = {1: gemm_peak(1, 0.5 if args.smoke else 2.0),
+            cores: gemm_peak(cores, 0.5 if args.smoke else 2.0)}
+    rows = [{"kind": "gemm", "mode": f"GEMM peak, {t} thread{'s' * (t > 1)}", "threads": t,
+             "flops_per_second": f} for t, f in peak.items()]
+    print(f"GEMM peak: {peak[1] / 1e9:.1f} GFLOP/s on 1 thread, "
+          f"{peak[cores] / 1e9:.1f} on {cores}", flush=True)
     for algorithm in args.algorithms:
-        base = from_mapping({"dataset": "mnist", "algorithm": algorithm,
-                             "rounds": args.rounds, "eval_every": 10**6,
-                             "final_eval_draws": 1})
-        prepared = simulation.prepare(base)
-        modes = {"loop": None,
-                 "actor-per-user": {"users_per_actor": 1, "batch_users": False},
-                 "packed-batched": {"users_per_actor": "auto", "batch_users": True}}
-        for mode, changes in modes.items():
-            if changes is None:
-                seconds, run = plain_loop(prepared.cfg, prepared), {}
+        prepared = simulation.prepare(load(CONFIG, [*sets, f"algorithm={algorithm}"]))
+        cfg = prepared.cfg
+        steps = cfg.users_per_round * cfg.tau
+        model = simulation.initial_model(cfg, prepared.source([]))
+        flops = GRADIENTS[algorithm] * gradient_flops(model, cfg.batch_size)
+        modes = [("loop, 1 thread", 1, "sequential", False),
+                 ("loop, all threads", cores, "sequential", False),
+                 *[(f"{label(e, c)}, 1 thread", 1, e, c) for e, c in engines],
+                 *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
+                 *[(f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
+                   for e, c in engines if e == "fused"]]
+        for mode, threads, engine, compile_ in modes:
+            if not mode.startswith("ray "):
+                seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
             else:
-                seconds, run = on_ray(prepared.cfg.replace(**changes), prepared)
+                one_actor = float(cores) if mode.endswith("threads") else None
+                seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, one_actor)
             per_round = float(np.median(seconds))
-            steps = base.users_per_round * base.tau
-            rows.append({"algorithm": algorithm, "mode": mode, "rounds": len(seconds),
-                         "users_per_round": base.users_per_round, "tau": base.tau,
-                         "seconds_per_round": per_round,
-                         "user_steps_per_second": steps / per_round,
-                         "n_actors": run.get("n_actors", 0),
-                         "startup_seconds": run.get("startup_seconds", 0.0),
-                         "torch_threads": torch.get_num_threads()})
-            print(f"{algorithm:13} {mode:15} {steps / per_round:8.1f} user-steps/s "
-                  f"({per_round:.3f} s/round)", flush=True)
-    save(rows, "throughput")
-    write_report()
+            rate = steps / per_round
+            rows.append({"kind": "engine", "algorithm": algorithm, "mode": mode,
+                         "threads": threads, "rounds": args.rounds,
+                         "users_per_round": cfg.users_per_round, "tau": cfg.tau,
+                         "seconds_per_round": per_round, "user_steps_per_second": rate,
+                         "flops_per_user_step": flops,
+                         "share_of_peak": rate * flops / peak[threads]})
+            print(f"{algorithm:13} {mode:28} {rate:8.1f} user-steps/s "
+                  f"({100 * rate * flops / peak[threads]:.0f}% of the GEMM peak)", flush=True)
+    if not args.no_whole_runs:
+        quick = timed_cli([])
+        rows.append({"kind": "whole-run", "mode": "quick start: 1000 rounds of HF, command to "
+                     "summary", "seconds": quick})
+        print(f"quick start: {quick:.1f} s", flush=True)
+        whole, loop = timed_cli(["rounds=300"]), plain_loop_run(300)
+        rows += [{"kind": "whole-run", "mode": "perfed-ray run, 300 rounds of HF",
+                  "seconds": whole},
+                 {"kind": "whole-run", "mode": "single-thread loop, 300 rounds of HF "
+                  "(training only)", "seconds": loop}]
+        print(f"300 rounds: perfed-ray {whole:.1f} s, loop {loop:.1f} s", flush=True)
+    save(rows, "throughput", args.out)
+    if args.out == RESULTS:
+        write_report()
 
 
 if __name__ == "__main__":

@@ -60,10 +60,12 @@ class Algorithm:
     Constructed from the run's configuration (pure data), on the driver and on every
     actor. `batches_per_step` independent batches are drawn for each local step from
     the user's training shard, from the user's own random stream; `tau` steps make a
-    round. Subclasses set `name` only for the docs; the registry names them.
+    round. `draws_per_step`, if larger, is how many the stream draws per step (the
+    rest unused), so that methods compared on one seed see the same batches.
     """
 
     batches_per_step: ClassVar[int] = 1
+    draws_per_step: ClassVar[int | None] = None
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -11,11 +11,12 @@ from perfed_ray.algorithms.tree import sgd
 
 
 class FedAvg(Algorithm):
-    """Local SGD on D. It draws D, D' and D'' for each step like Per-FedAvg and uses D
-    alone, so that one seed gives FedAvg and Per-FedAvg the same D at every step (and
-    the numbers of runs made before algorithms were values)."""
+    """Local SGD on D. Its stream draws D, D' and D'' for each step like Per-FedAvg's
+    and it uses D alone, so that one seed gives FedAvg and Per-FedAvg the same D at
+    every step (and the numbers of runs made before algorithms were values)."""
 
-    batches_per_step = 3
+    batches_per_step = 1
+    draws_per_step = 3
 
     def client_step(self, ops, w, batches):
         g, loss = ops.grad_and_loss(w, batches[0])

@@ -29,8 +29,12 @@ def per_user(s: Scalar, like: torch.Tensor) -> Scalar:
 
 
 def sgd(w: Params, direction: Params, lr: Scalar) -> Params:
-    """w - lr * direction, leaf by leaf."""
-    return tree_map(lambda a, d: a - per_user(lr, d) * d, w, direction)
+    """w - lr * direction, leaf by leaf, in one pass over each leaf (`add` with a scale,
+    or `addcmul` for step sizes that are tensors): large layers make these passes a third of
+    a step's time when done as a product and a difference."""
+    if isinstance(lr, torch.Tensor):
+        return tree_map(lambda a, d: torch.addcmul(a, per_user(-lr, d), d), w, direction)
+    return tree_map(lambda a, d: torch.add(a, d, alpha=-lr), w, direction)
 
 
 def axpy(w: Params, direction: Params, scale: Scalar) -> Params:

@@ -18,17 +18,25 @@ def draw(n: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randperm(n, generator=gen)[:batch_size]
 
 
-def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x[idx] for any shape of idx."""
-    return x.index_select(0, idx.reshape(-1).to(x.device)).view(*idx.shape, *x.shape[1:])
+def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """x[idx] for any shape of idx, written into `out` (a contiguous tensor of that
+    shape) when given, so a block of users' batches is gathered without a copy."""
+    flat = idx.reshape(-1).to(x.device)
+    if out is None:
+        return x.index_select(0, flat).view(*idx.shape, *x.shape[1:])
+    torch.index_select(x, 0, flat, out=out.view(len(flat), *x.shape[1:]))
+    return out
 
 
 def round_indices(seed: int, user: int, round_: int, n: int, tau: int, per_step: int,
-                  batch_size: int) -> torch.Tensor:
-    """Fresh batches for each of the tau steps of a round: [tau, per_step, B]."""
+                  batch_size: int, drawn: int | None = None) -> torch.Tensor:
+    """Fresh batches for each of the tau steps of a round: [tau, per_step, B]; the
+    stream draws `drawn` (>= per_step) batches a step, of which the first are used."""
+    drawn = drawn or per_step
     gen = torch_generator(seed, Stream.LOCAL_TRAINING, user, round_)
-    return torch.stack([draw(n, batch_size, gen) for _ in range(tau * per_step)]
-                       ).view(tau, per_step, -1)
+    idx = torch.stack([draw(n, batch_size, gen) for _ in range(tau * drawn)])
+    return idx.view(tau, drawn, -1)[:, :per_step]
 
 
 def evaluation_indices(seed: int, user: int, round_: int, draw_: int, n: int,

@@ -84,8 +84,9 @@ class StackedOps:
 
     def _output_grad(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """d(mean cross-entropy)/d logits, per user."""
-        onehot = nn.functional.one_hot(y, logits.shape[-1]).to(logits.dtype)
-        return (torch.softmax(logits, -1) - onehot) / logits.shape[1]
+        p = torch.softmax(logits, -1)
+        onehot = torch.zeros_like(p).scatter_(-1, y.unsqueeze(-1), 1.0)
+        return (p - onehot) / logits.shape[1]
 
     def _backward(self, params: Params, outputs: list[torch.Tensor], dz: torch.Tensor,
                   grads: Params) -> torch.Tensor:

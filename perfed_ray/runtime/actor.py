@@ -91,10 +91,14 @@ class UserActor:
         start = self.flat.unflatten(weights, self.device)  # never modified in place
         models, losses = self.learner.train(start, users, round_)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
-        scale = torch.tensor(weights_, dtype=torch.float64, device=self.device)
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
-        total = self.flat.flatten({k: (v.double() * scale.view(-1, *[1] * (v.ndim - 1))
-                                       ).sum(0) for k, v in models.items()})
+        if all(w == 1.0 for w in weights_):
+            total = self.flat.flatten({k: v.sum(0, dtype=torch.float64)
+                                       for k, v in models.items()})
+        else:
+            scale = torch.tensor(weights_, dtype=torch.float64, device=self.device)
+            total = self.flat.flatten({k: torch.tensordot(scale, v.double(), dims=1)
+                                       for k, v in models.items()})
         per = ({u: self.flat.flatten({k: v[i] for k, v in models.items()})
                 for i, u in enumerate(users)} if per_user else None)
         # float32 losses add up exactly in float64: the same sum whatever the grouping.

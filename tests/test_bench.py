@@ -1,0 +1,29 @@
+"""Every benchmark script runs, in a tiny setting, so none rots between measurements."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
+
+
+@pytest.mark.parametrize(("script", "kinds"), [("throughput", {"gemm", "engine"}),
+                                                ("scale", None)])
+def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
+    done = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / f"{script}.parquet")
+    assert len(rows) and {"cpu", "cores", "torch", "ray"} <= set(rows.columns)
+    if kinds:
+        assert set(rows["kind"]) == kinds
+        engines = rows[rows["kind"] == "engine"]
+        assert (engines["user_steps_per_second"] > 0).all()
+        assert {"loop, 1 thread", "fused, 1 thread", "ray fused"} <= set(engines["mode"])
+    else:
+        assert rows["seconds_per_round"].iloc[0] > 0
