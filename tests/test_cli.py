@@ -110,6 +110,7 @@ def test_run_and_summary_through_the_cli(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "round 3/3" in run.stderr and "rounds/s" in run.stderr
     assert "perfedavg-fo" in run.stdout and "finished" in run.stdout
+    assert "Token authentication" not in run.stderr  # Ray's chatter: --verbose only
 
     summary = _cli("summary", str(out), "--markdown")
     assert summary.returncode == 0, summary.stderr
@@ -161,3 +162,24 @@ def test_resume_refuses_a_run_whose_driver_is_still_alive(tmp_path):
         driver.wait()
     result = _cli("run", "--resume", str(store.folder), "--set", "tau=3")
     assert "was started with a different configuration" in result.stderr  # now not alive
+
+
+def test_rays_worker_start_up_warnings_are_hidden_and_other_lines_kept(capsys):
+    import ray._private.worker as ray_worker
+
+    from perfed_ray.runtime import chatter
+
+    original = ray_worker.print_to_stdstream
+    try:
+        chatter.hide()
+        chatter.hide()  # idempotent: one filter, not two
+        warning = ("WARNING: 40 PYTHON worker processes have been started on node: abc with "
+                   "address: 1.2.3.4, which is 20x the maximum expected startup concurrency")
+        ray_worker.print_to_stdstream({"lines": [warning], "pid": "raylet", "is_err": False},
+                                      ignore_prefix=False)
+        ray_worker.print_to_stdstream({"lines": [warning, "a real error"], "pid": "raylet",
+                                       "is_err": False}, ignore_prefix=False)
+    finally:
+        ray_worker.print_to_stdstream = original
+    out = capsys.readouterr().out
+    assert "worker processes" not in out and out.count("a real error") == 1

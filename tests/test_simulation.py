@@ -91,6 +91,20 @@ def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine)
     assert (gap <= 1 + 1e-9).all()
 
 
+@pytest.mark.parametrize("engine", ["vmap", "fused"])
+def test_each_engine_gives_the_same_numbers_whatever_the_placement(ray_session, tmp_path,
+                                                                   engine):
+    """Users trained in blocks of other sizes, on other actors, get the same numbers."""
+    values = {"algorithm": "perfedavg-hf", "rounds": 3, "eval_every": 3, "final_eval_draws": 1,
+              "engine": engine}
+    _run(tmp_path / "one", users_per_actor=1, **values)
+    _run(tmp_path / "packed", users_per_actor=4, **values)
+    (r1, e1), (r2, e2) = _results(tmp_path / "one"), _results(tmp_path / "packed")
+    pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=1e-6)
+    metrics = ["acc_before", "acc_after", "loss_before", "loss_after"]
+    pd.testing.assert_frame_equal(e1[metrics], e2[metrics], rtol=1e-6)
+
+
 def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
     _run(tmp_path, algorithm="fedavg", rounds=2, eval_every=2, users_per_actor=3)
     _run(tmp_path, algorithm="perfedavg-fo", rounds=2, eval_every=2, users_per_actor=3)

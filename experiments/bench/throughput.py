@@ -10,7 +10,8 @@ round (experiments/configs/table1/mnist-tau10-alpha0.01.yaml). Measured, per alg
 - `loop, 1 thread` / `loop, all threads`: a plain single-process loop over the round's
   users, one after another, `torch.func` gradients (the `sequential` engine, no Ray);
 - `<engine>, 1 thread`: one process, one thread, the round's users in one call of the
-  engine (what one actor does with its share of a round);
+  engine (what one actor does with its share of a round); `fused, all threads` the
+  same on every core;
 - `ray <engine>`: perfed-ray itself on the local Ray with its default placement (one
   actor per core here), rounds end to end (sampling, object store, aggregation);
 - `ray <engine>, one actor x N threads`: the same with `num_cpus_per_actor` = the
@@ -118,15 +119,19 @@ def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int,
     return table.sort_values("round")["wall_seconds"].tolist()[1:]
 
 
-def timed_cli(sets: list[str]) -> float:
+def timed_cli(sets: list[str]) -> dict[str, float]:
     """Seconds from `perfed-ray run` to its summary, in a fresh process (Ray started and
-    stopped inside)."""
+    stopped inside), and the seconds its rounds took (from its `rounds` table)."""
+    from perfed_ray.analysis import read_table
+
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", str(CONFIG),
                         *[a for s in sets for a in ("--set", s)], "--out", out, "--quiet"],
                        check=True, stdout=subprocess.DEVNULL)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds,
+                "rounds_seconds": float(read_table(out, "rounds")["wall_seconds"].sum())}
 
 
 def plain_loop_run(rounds: int) -> float:
@@ -168,6 +173,7 @@ def main() -> None:
         modes = [("loop, 1 thread", 1, "sequential", False),
                  ("loop, all threads", cores, "sequential", False),
                  *[(f"{label(e, c)}, 1 thread", 1, e, c) for e, c in engines],
+                 ("fused, all threads", cores, "fused", False),
                  *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
                  *[(f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
                    for e, c in engines if e == "fused"]]
@@ -190,14 +196,14 @@ def main() -> None:
     if not args.no_whole_runs:
         quick = timed_cli([])
         rows.append({"kind": "whole-run", "mode": "quick start: 1000 rounds of HF, command to "
-                     "summary", "seconds": quick})
-        print(f"quick start: {quick:.1f} s", flush=True)
+                     "summary", **quick})
+        print(f"quick start: {quick['seconds']:.1f} s", flush=True)
         whole, loop = timed_cli(["rounds=300"]), plain_loop_run(300)
-        rows += [{"kind": "whole-run", "mode": "perfed-ray run, 300 rounds of HF",
-                  "seconds": whole},
+        rows += [{"kind": "whole-run", "mode": "perfed-ray run, 300 rounds of HF", **whole},
                  {"kind": "whole-run", "mode": "single-thread loop, 300 rounds of HF "
                   "(training only)", "seconds": loop}]
-        print(f"300 rounds: perfed-ray {whole:.1f} s, loop {loop:.1f} s", flush=True)
+        print(f"300 rounds: perfed-ray {whole['seconds']:.1f} s, loop {loop:.1f} s",
+              flush=True)
     save(rows, "throughput", args.out)
     if args.out == RESULTS:
         write_report()
