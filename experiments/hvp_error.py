@@ -43,11 +43,13 @@ def norm(params: Params) -> float:
     return float(torch.sqrt(sum((v.double() ** 2).sum() for v in params.values())))
 
 
-def trajectory_errors(row: str, scale: str, delta: str, rounds: int,
-                      n_users: int) -> list[dict[str, object]]:
+def trajectory_errors(
+    row: str, scale: str, delta: str, rounds: int, n_users: int
+) -> list[dict[str, object]]:
     """One row per local step of each user: HF's relative error against the exact rule."""
-    cfg = configuration.load(HERE / "configs" / "table1" / f"{row}.yaml",
-                             [f"input_scale={scale}", f"hf_delta={delta}"])
+    cfg = configuration.load(
+        HERE / "configs" / "table1" / f"{row}.yaml", [f"input_scale={scale}", f"hf_delta={delta}"]
+    )
     prepared = prepare(cfg)
     cfg = prepared.cfg
     users = list(range(0, cfg.n_users, cfg.n_users // n_users))[:n_users]
@@ -56,8 +58,9 @@ def trajectory_errors(row: str, scale: str, delta: str, rounds: int,
     model = build_model(cfg.model, source.input_shape, source.n_classes)
     flat = FlatParams(params_of(model))
     learner = Learner(cfg, model, shards)
-    exact, hf, fo = (ALGORITHMS.load(name)(cfg)
-                     for name in ("perfedavg", "perfedavg-hf", "perfedavg-fo"))
+    exact, hf, fo = (
+        ALGORITHMS.load(name)(cfg) for name in ("perfedavg", "perfedavg-hf", "perfedavg-fo")
+    )
     ops = FunctionalOps(model)
     rows = []
     for user in users:
@@ -71,13 +74,20 @@ def trajectory_errors(row: str, scale: str, delta: str, rounds: int,
             d_hf, _ = hf.direction(ops, w, batches)
             g, _ = fo.direction(ops, w, batches)
             hessian_term = norm({k: d_exact[k] - g[k] for k in g})
-            rows.append({
-                "row": row, "input_scale": scale, "hf_delta": delta, "user": user,
-                "group": shards[user].group, "step": step, "grad_norm": norm(g),
-                "perturbation": cfg.delta * (1.0 if delta == "normalized" else norm(g)),
-                "relative_error": norm({k: d_hf[k] - d_exact[k] for k in g})
-                / max(hessian_term, 1e-30),
-            })
+            rows.append(
+                {
+                    "row": row,
+                    "input_scale": scale,
+                    "hf_delta": delta,
+                    "user": user,
+                    "group": shards[user].group,
+                    "step": step,
+                    "grad_norm": norm(g),
+                    "perturbation": cfg.delta * (1.0 if delta == "normalized" else norm(g)),
+                    "relative_error": norm({k: d_hf[k] - d_exact[k] for k in g})
+                    / max(hessian_term, 1e-30),
+                }
+            )
             w = {k: w[k] - cfg.beta * d_exact[k] for k in w}
             if not all(torch.isfinite(v).all() for v in w.values()):
                 break  # this user's exact trajectory diverged: the steps so far count
@@ -86,19 +96,30 @@ def trajectory_errors(row: str, scale: str, delta: str, rounds: int,
 
 def summarise(data: pd.DataFrame) -> str:
     data = data.assign(diverged=~np.isfinite(data["relative_error"]))
-    table = data.groupby(["row", "input_scale", "hf_delta"], sort=False).agg(
-        steps=("step", "size"), diverged=("diverged", "sum"), grad_norm=("grad_norm", "median"),
-        perturbation=("perturbation", "median"),
-        error_median=("relative_error", "median"),
-        error_p90=("relative_error", lambda e: e.quantile(0.9)),
-        error_max=("relative_error", "max")).reset_index()
-    lines = ["| row | input_scale | hf_delta | steps (non-finite) | median ‖g‖ "
-             "| median ‖w± - w‖ | HF error: median | 90th percentile | max |",
-             "|" + " --- |" * 9]
+    table = (
+        data.groupby(["row", "input_scale", "hf_delta"], sort=False)
+        .agg(
+            steps=("step", "size"),
+            diverged=("diverged", "sum"),
+            grad_norm=("grad_norm", "median"),
+            perturbation=("perturbation", "median"),
+            error_median=("relative_error", "median"),
+            error_p90=("relative_error", lambda e: e.quantile(0.9)),
+            error_max=("relative_error", "max"),
+        )
+        .reset_index()
+    )
+    lines = [
+        "| row | input_scale | hf_delta | steps (non-finite) | median ‖g‖ "
+        "| median ‖w± - w‖ | HF error: median | 90th percentile | max |",
+        "|" + " --- |" * 9,
+    ]
     for r in table.itertuples():
-        lines.append(f"| {r.row} | {r.input_scale} | {r.hf_delta} | {r.steps} ({r.diverged}) | "
-                     f"{r.grad_norm:.3g} | {r.perturbation:.3g} | {r.error_median:.2e} | "
-                     f"{r.error_p90:.2e} | {r.error_max:.2e} |")
+        lines.append(
+            f"| {r.row} | {r.input_scale} | {r.hf_delta} | {r.steps} ({r.diverged}) | "
+            f"{r.grad_norm:.3g} | {r.perturbation:.3g} | {r.error_median:.2e} | "
+            f"{r.error_p90:.2e} | {r.error_max:.2e} |"
+        )
     return "\n".join(lines)
 
 
@@ -125,7 +146,8 @@ def main() -> None:
         "||direction_HF - direction_exact|| / ||alpha H g||, at each local step of "
         f"{args.users} users' exact Per-FedAvg trajectories from w_0 ({args.rounds} rounds of "
         "tau steps each); ‖w± - w‖ is the length of HF's perturbation (delta ‖g‖, or delta "
-        "when normalized).\n\n" + summarise(data) + "\n")
+        "when normalized).\n\n" + summarise(data) + "\n"
+    )
     print(f"wrote {args.out}")
 
 

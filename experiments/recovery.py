@@ -28,8 +28,15 @@ CONFIG = HERE / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
 
 def command(args: argparse.Namespace, out: Path) -> list[str]:
     sets = [f"rounds={args.rounds}", f"algorithm={args.algorithm}", "users_per_actor=auto"]
-    return ["perfed-ray", "run", str(CONFIG), "--quiet", "--out", str(out),
-            *[a for s in sets for a in ("--set", s)]]
+    return [
+        "perfed-ray",
+        "run",
+        str(CONFIG),
+        "--quiet",
+        "--out",
+        str(out),
+        *[a for s in sets for a in ("--set", s)],
+    ]
 
 
 def timed(cmd: list[str]) -> float:
@@ -83,11 +90,15 @@ def main() -> None:
     ]
     for name in OUTCOME:
         same = want[name].equals(got[name])
-        lines.append(f"| {name} | {len(want[name])} | {len(got[name])} | "
-                     f"{'yes' if same else 'NO'} |")
+        lines.append(
+            f"| {name} | {len(want[name])} | {len(got[name])} | {'yes' if same else 'NO'} |"
+        )
     final = read_table(killed, "runs")[["status", "rounds_done", "resumes"]].iloc[0]
-    lines += ["", f"Resumed run: status `{final['status']}`, {final['rounds_done']} rounds, "
-              f"{final['resumes']} resume."]
+    lines += [
+        "",
+        f"Resumed run: status `{final['status']}`, {final['rounds_done']} rounds, "
+        f"{final['resumes']} resume.",
+    ]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not all(want[n].equals(got[n]) for n in OUTCOME):

@@ -53,8 +53,12 @@ RUN_WITH = ["users_per_actor=auto"]  # execution only: not part of a cell's iden
 # (2.7, 3.1, 10.8 minutes; exact assumed as HF); CIFAR-10's 3072 inputs make the MLP's
 # first layer, most of its work, about 4 times MNIST's. Finished runs in the results
 # folder replace these guesses (see `estimate`).
-STEP_SECONDS = {"fedavg": 0.0162, "perfedavg-fo": 0.0186, "perfedavg-hf": 0.0648,
-                "perfedavg": 0.0648}
+STEP_SECONDS = {
+    "fedavg": 0.0162,
+    "perfedavg-fo": 0.0186,
+    "perfedavg-hf": 0.0648,
+    "perfedavg": 0.0648,
+}
 DATASET_FACTOR = {"mnist": 1.0, "cifar10": 4.0}
 
 
@@ -72,29 +76,58 @@ class Cell:
         return self.config.stem + "".join(f" {s}" for s in self.sets)
 
 
-def grid(configs: Path, seeds: int, study: bool, algorithms: Iterable[str],
-         extra: Iterable[str] = (), only: Iterable[str] = (), main: bool = True) -> list[Cell]:
+def grid(
+    configs: Path,
+    seeds: int,
+    study: bool,
+    algorithms: Iterable[str],
+    extra: Iterable[str] = (),
+    only: Iterable[str] = (),
+    main: bool = True,
+) -> list[Cell]:
     """Every cell, main grid first (rows, algorithms, seeds), then the leaking FedAvg,
     then the study; `extra` overrides (e.g. rounds=40) apply to all of them; `only`
     names the rows to keep (all when empty); without `main`, the study alone."""
     extra, only = tuple(extra), set(only)
     rows = sorted(row for row in configs.glob("*.yaml") if not only or row.stem in only)
     algorithms = list(algorithms)
-    cells = [Cell(row, (f"algorithm={a}", f"seed={s}", *extra))
-             for row in rows for a in algorithms for s in range(seeds)] if main else []
+    cells = (
+        [
+            Cell(row, (f"algorithm={a}", f"seed={s}", *extra))
+            for row in rows
+            for a in algorithms
+            for s in range(seeds)
+        ]
+        if main
+        else []
+    )
     if main and "fedavg" in algorithms:
-        cells += [Cell(row, ("algorithm=fedavg", "adapt_on=test", f"seed={s}", *extra))
-                  for row in rows for s in range(seeds)]
+        cells += [
+            Cell(row, ("algorithm=fedavg", "adapt_on=test", f"seed={s}", *extra))
+            for row in rows
+            for s in range(seeds)
+        ]
     if study:
         studied = [row for row in rows if row.stem in STUDY_ROWS]
-        variants = [(scale, a, "fixed") for scale in ("standardize", "raw")
-                    for a in STUDY_ALGORITHMS if a in algorithms]
+        variants = [
+            (scale, a, "fixed")
+            for scale in ("standardize", "raw")
+            for a in STUDY_ALGORITHMS
+            if a in algorithms
+        ]
         if "perfedavg-hf" in algorithms:
-            variants += [(scale, "perfedavg-hf", "normalized")
-                         for scale in ("unit", "standardize", "raw")]
-        cells += [Cell(row, (f"algorithm={a}", f"input_scale={scale}", f"hf_delta={hf}",
-                             f"seed={s}", *extra))
-                  for row in studied for scale, a, hf in variants for s in range(seeds)]
+            variants += [
+                (scale, "perfedavg-hf", "normalized") for scale in ("unit", "standardize", "raw")
+            ]
+        cells += [
+            Cell(
+                row,
+                (f"algorithm={a}", f"input_scale={scale}", f"hf_delta={hf}", f"seed={s}", *extra),
+            )
+            for row in studied
+            for scale, a, hf in variants
+            for s in range(seeds)
+        ]
     return cells
 
 
@@ -130,7 +163,8 @@ def timings(runs: pd.DataFrame) -> pd.DataFrame:
     if done.empty:
         return pd.DataFrame(columns=["dataset", "algorithm", "tau", "per_round"])
     return done.assign(per_round=done["wall_seconds"] / done["rounds_done"])[
-        ["dataset", "algorithm", "tau", "per_round"]]
+        ["dataset", "algorithm", "tau", "per_round"]
+    ]
 
 
 def estimate(cell: Cell, measured: pd.DataFrame) -> float:
@@ -139,8 +173,7 @@ def estimate(cell: Cell, measured: pd.DataFrame) -> float:
     larger tau (evaluation and messaging cost a round the same whatever tau is);
     else the defaults above."""
     cfg = cell.cfg()
-    like = measured[(measured["dataset"] == cfg.dataset)
-                    & (measured["algorithm"] == cfg.algorithm)]
+    like = measured[(measured["dataset"] == cfg.dataset) & (measured["algorithm"] == cfg.algorithm)]
     same_tau = like[like["tau"] == cfg.tau]
     if not same_tau.empty:
         return float(same_tau["per_round"].median()) * cfg.rounds
@@ -172,14 +205,16 @@ def run_cells(cells: list[Cell], out: Path, jobs: int) -> int:
             i, cell = waiting.pop(0)
             how, run_id = state(cell, read_runs(out))
             if how == "done":
-                print(f"skip  [{i + 1}/{len(cells)}] done meanwhile: {cell.name()} ({run_id})",
-                      flush=True)
+                print(
+                    f"skip  [{i + 1}/{len(cells)}] done meanwhile: {cell.name()} ({run_id})",
+                    flush=True,
+                )
                 continue
             log = open(logs / f"grid-{time.strftime('%Y%m%d-%H%M%S')}-{i}.txt", "w")  # noqa: SIM115
-            print(f"start [{i + 1}/{len(cells)}] {how}: {cell.name()} (log {log.name})",
-                  flush=True)
-            process = subprocess.Popen(command(cell, out, how, run_id), stdout=log,
-                                       stderr=subprocess.STDOUT)
+            print(f"start [{i + 1}/{len(cells)}] {how}: {cell.name()} (log {log.name})", flush=True)
+            process = subprocess.Popen(
+                command(cell, out, how, run_id), stdout=log, stderr=subprocess.STDOUT
+            )
             running.append((i, cell, process, log))
         time.sleep(1)
         for entry in [e for e in running if e[2].poll() is not None]:
@@ -187,27 +222,45 @@ def run_cells(cells: list[Cell], out: Path, jobs: int) -> int:
             log.close()
             running.remove(entry)
             failures += process.returncode != 0
-            print(f"end   [{i + 1}/{len(cells)}] exit {process.returncode}: {cell.name()}",
-                  flush=True)
+            print(
+                f"end   [{i + 1}/{len(cells)}] exit {process.returncode}: {cell.name()}", flush=True
+            )
     return failures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("rows", nargs="*", metavar="ROW",
-                        help="rows to run, e.g. mnist-tau10-alpha0.01 (default: all)")
+    parser.add_argument(
+        "rows",
+        nargs="*",
+        metavar="ROW",
+        help="rows to run, e.g. mnist-tau10-alpha0.01 (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "table1")
-    parser.add_argument("--configs", type=Path, default=CONFIGS,
-                        help="folder of row configurations (default: configs/table1)")
+    parser.add_argument(
+        "--configs",
+        type=Path,
+        default=CONFIGS,
+        help="folder of row configurations (default: configs/table1)",
+    )
     parser.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
-    parser.add_argument("--study", action="store_true",
-                        help="also the CIFAR-10 input_scale x hf_delta study")
-    parser.add_argument("--study-only", action="store_true",
-                        help="the study's cells alone (e.g. beside a process running the "
-                             "main grid: two processes on one folder must not share cells)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override for every cell (part of its identity, e.g. rounds=40)")
+    parser.add_argument(
+        "--study", action="store_true", help="also the CIFAR-10 input_scale x hf_delta study"
+    )
+    parser.add_argument(
+        "--study-only",
+        action="store_true",
+        help="the study's cells alone (e.g. beside a process running the "
+        "main grid: two processes on one folder must not share cells)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for every cell (part of its identity, e.g. rounds=40)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     parser.add_argument("--dry-run", action="store_true", help="list what would run")
     args = parser.parse_args(argv)
@@ -215,9 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"error: no row configuration {unknown[0]}.yaml in {args.configs}")
     runs = read_runs(args.out)
-    plan = [(cell, *state(cell, runs)) for cell in
-            grid(args.configs, args.seeds, args.study or args.study_only, args.algorithms,
-                 args.set, args.rows, main=not args.study_only)]
+    plan = [
+        (cell, *state(cell, runs))
+        for cell in grid(
+            args.configs,
+            args.seeds,
+            args.study or args.study_only,
+            args.algorithms,
+            args.set,
+            args.rows,
+            main=not args.study_only,
+        )
+    ]
     if not plan:
         raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]
@@ -225,16 +287,20 @@ def main(argv: list[str] | None = None) -> int:
     seconds = sum(estimate(cell, measured) for cell, _, _ in todo)
     for cell, how, run_id in plan:
         print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
-    print(f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: about "
-          f"{seconds / 3600:.1f} hours one at a time on this machine's kind "
-          f"(seconds per round measured from finished runs in {args.out} where it has some, "
-          f"else assumed)")
+    print(
+        f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: about "
+        f"{seconds / 3600:.1f} hours one at a time on this machine's kind "
+        f"(seconds per round measured from finished runs in {args.out} where it has some, "
+        f"else assumed)"
+    )
     if args.dry_run:
         return 0
     failures = run_cells([cell for cell, _, _ in todo], args.out, args.jobs)
     if failures:
-        print(f"{failures} cells exited with an error (diverged or failed: see the report "
-              f"and {args.out}/logs)")
+        print(
+            f"{failures} cells exited with an error (diverged or failed: see the report "
+            f"and {args.out}/logs)"
+        )
     for path in write_report(args.out):
         print(f"wrote {path}")
     return 0

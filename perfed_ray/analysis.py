@@ -20,8 +20,17 @@ import pyarrow.dataset as ds
 from perfed_ray.config import FIELDS
 from perfed_ray.results.writer import table_schema
 
-CONFIG_KEYS = ["dataset", "partition", "algorithm", "tau", "alpha", "beta", "n_users",
-               "fraction", "rounds"]
+CONFIG_KEYS = [
+    "dataset",
+    "partition",
+    "algorithm",
+    "tau",
+    "alpha",
+    "beta",
+    "n_users",
+    "fraction",
+    "rounds",
+]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -62,8 +71,9 @@ def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.Dat
         return pd.DataFrame()
     data = ds.dataset(folder, schema=table_schema(table), partitioning="hive")
     # With a run id, only that run's folder is read (partition pruning).
-    return data.to_table(filter=None if run_id is None else ds.field("run_id") == run_id
-                         ).to_pandas()
+    return data.to_table(
+        filter=None if run_id is None else ds.field("run_id") == run_id
+    ).to_pandas()
 
 
 def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
@@ -99,8 +109,12 @@ def per_draw_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     """Per run and adaptation draw of the final evaluation: the mean over users of the
     accuracy after adaptation (PROTOCOL.md's headline figure, once per draw)."""
     final = evals[evals["final"]]
-    return (final.groupby(["run_id", "draw"], observed=True)["acc_after"].mean()
-            .rename("accuracy").reset_index())
+    return (
+        final.groupby(["run_id", "draw"], observed=True)["acc_after"]
+        .mean()
+        .rename("accuracy")
+        .reset_index()
+    )
 
 
 def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
@@ -113,12 +127,22 @@ def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
         per_draw = draws.loc[draws["run_id"] == run_id, "accuracy"].to_numpy()
         acc, half = mean_ci95(per_draw)
         first = frame.iloc[0]
-        rows.append({"run_id": run_id, **{k: first[k] for k in CONFIG_KEYS},
-                     "seed": first["seed"], "round": int(frame["round"].max()),
-                     "accuracy": acc, "ci95": half, "draws": len(per_draw),
-                     "acc_before": frame["acc_before"].mean(),
-                     **{f"acc_group_{g}": v for g, v in
-                        frame.groupby("group")["acc_after"].mean().items()}})
+        rows.append(
+            {
+                "run_id": run_id,
+                **{k: first[k] for k in CONFIG_KEYS},
+                "seed": first["seed"],
+                "round": int(frame["round"].max()),
+                "accuracy": acc,
+                "ci95": half,
+                "draws": len(per_draw),
+                "acc_before": frame["acc_before"].mean(),
+                **{
+                    f"acc_group_{g}": v
+                    for g, v in frame.groupby("group")["acc_after"].mean().items()
+                },
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -131,16 +155,34 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     runs = read_runs(out, run_id)
     if runs.empty:
         return runs
-    cols = ["run_id", "dataset", "partition", "algorithm", "tau", "alpha", *VARIANT_KEYS,
-            "seed", "status", "rounds_done", "rounds", "wall_seconds", "startup_seconds",
-            "n_actors", "engine", "hostname"]
+    cols = [
+        "run_id",
+        "dataset",
+        "partition",
+        "algorithm",
+        "tau",
+        "alpha",
+        *VARIANT_KEYS,
+        "seed",
+        "status",
+        "rounds_done",
+        "rounds",
+        "wall_seconds",
+        "startup_seconds",
+        "n_actors",
+        "engine",
+        "hostname",
+    ]
     table = runs[cols]
     evals = read_table(out, "evals", run_id)
     if not evals.empty:
         acc = final_accuracy(evals)
         if not acc.empty:
-            table = table.merge(acc[["run_id", "round", "accuracy", "ci95", "draws",
-                                     "acc_before"]], on="run_id", how="left")
+            table = table.merge(
+                acc[["run_id", "round", "accuracy", "ci95", "draws", "acc_before"]],
+                on="run_id",
+                how="left",
+            )
     return table.sort_values("run_id").reset_index(drop=True)
 
 
@@ -149,40 +191,54 @@ def across_seeds(final: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, frame in final.groupby(CONFIG_KEYS, dropna=False):
         acc, half = mean_ci95(frame["accuracy"].to_numpy())
-        rows.append({**dict(zip(CONFIG_KEYS, key, strict=True)), "seeds": len(frame),
-                     "accuracy": acc, "ci95": half})
+        rows.append(
+            {
+                **dict(zip(CONFIG_KEYS, key, strict=True)),
+                "seeds": len(frame),
+                "accuracy": acc,
+                "ci95": half,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
     """The summary as aligned text (terminal) or a Markdown table, accuracies in %."""
-    shown = pd.DataFrame({
-        "run_id": table["run_id"],
-        "dataset": table["dataset"],
-        "partition": table["partition"],
-        "algorithm": table["algorithm"],
-        "tau": table["tau"],
-        "alpha": table["alpha"],
-        "variant": [", ".join(f"{k}={row[k]}" for k in VARIANT_KEYS
-                              if row[k] != FIELDS[k].default) or "-"
-                    for _, row in table.iterrows()],
-        "seed": table["seed"],
-        "status": table["status"],
-        "rounds": [f"{d}/{r}" for d, r in zip(table["rounds_done"], table["rounds"],
-                                               strict=True)],
-        "wall": [f"{w:.0f} s" if pd.notna(w) else "-" for w in table["wall_seconds"]],
-    })
+    shown = pd.DataFrame(
+        {
+            "run_id": table["run_id"],
+            "dataset": table["dataset"],
+            "partition": table["partition"],
+            "algorithm": table["algorithm"],
+            "tau": table["tau"],
+            "alpha": table["alpha"],
+            "variant": [
+                ", ".join(f"{k}={row[k]}" for k in VARIANT_KEYS if row[k] != FIELDS[k].default)
+                or "-"
+                for _, row in table.iterrows()
+            ],
+            "seed": table["seed"],
+            "status": table["status"],
+            "rounds": [
+                f"{d}/{r}" for d, r in zip(table["rounds_done"], table["rounds"], strict=True)
+            ],
+            "wall": [f"{w:.0f} s" if pd.notna(w) else "-" for w in table["wall_seconds"]],
+        }
+    )
     if "accuracy" in table:
         shown["pers. acc (95% CI, draws)"] = [
             "-" if pd.isna(a) else f"{100 * a:.2f} ± {100 * h:.2f} ({int(d)})"
-            for a, h, d in zip(table["accuracy"], table["ci95"], table["draws"], strict=True)]
+            for a, h, d in zip(table["accuracy"], table["ci95"], table["draws"], strict=True)
+        ]
         shown["acc before adapt."] = [
-            "-" if pd.isna(a) else f"{100 * a:.2f}" for a in table["acc_before"]]
+            "-" if pd.isna(a) else f"{100 * a:.2f}" for a in table["acc_before"]
+        ]
     cells = [[str(c) for c in shown.columns], *shown.astype(str).to_numpy().tolist()]
     if markdown:
         lines = ["| " + " | ".join(row) + " |" for row in cells]
         lines.insert(1, "|" + "|".join(" --- " for _ in shown.columns) + "|")
         return "\n".join(lines)
     widths = [max(len(row[i]) for row in cells) for i in range(len(shown.columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )

@@ -64,21 +64,25 @@ def check_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"--out {str(out)!r} cannot be created ({err.strerror}): choose a "
-                          f"writable folder") from None
+        raise ConfigError(
+            f"--out {str(out)!r} cannot be created ({err.strerror}): choose a writable folder"
+        ) from None
     if not os.access(out, os.W_OK):
         raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
     from perfed_ray.results.writer import TABLES
     from perfed_ray.runtime.checkpoint import FOLDER
 
     ours = {*TABLES, FOLDER, LOGS, REPORT}
-    foreign = sorted(p.name for p in out.iterdir()
-                     if p.name not in ours and not p.name.startswith("."))
+    foreign = sorted(
+        p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")
+    )
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ConfigError(f"--out {str(out)!r} is not empty and not a perfed-ray results "
-                          f"folder (it holds {shown}): choose an empty or new folder, or an "
-                          f"existing results folder")
+        raise ConfigError(
+            f"--out {str(out)!r} is not empty and not a perfed-ray results "
+            f"folder (it holds {shown}): choose an empty or new folder, or an "
+            f"existing results folder"
+        )
 
 
 def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
@@ -91,9 +95,12 @@ def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
     return runs["status"].iloc[0], runs["error"].iloc[0]
 
 
-def resumable(run_dir: str | Path, given: configuration.RunConfig | None,
-              changes: Mapping[str, Any], out: str | Path | None = None,
-              ) -> tuple[configuration.RunConfig, Path, str]:
+def resumable(
+    run_dir: str | Path,
+    given: configuration.RunConfig | None,
+    changes: Mapping[str, Any],
+    out: str | Path | None = None,
+) -> tuple[configuration.RunConfig, Path, str]:
     """The configuration, results folder and id of the run `run_dir` names, after
     checking that it can and should be continued; `given` (a whole configuration) or
     `changes` (some keys) must agree with the stopped run's."""
@@ -101,36 +108,51 @@ def resumable(run_dir: str | Path, given: configuration.RunConfig | None,
 
     folder, run_id = locate(run_dir)
     if out is not None and Path(out).resolve() != folder.resolve():
-        raise ConfigError(f"--out {str(out)!r} differs from the folder of the run being "
-                          f"resumed ({folder}): drop --out")
+        raise ConfigError(
+            f"--out {str(out)!r} differs from the folder of the run being "
+            f"resumed ({folder}): drop --out"
+        )
     record = RunStore(folder, run_id).load_record()
     if (pid := record.live_driver()) is not None:
-        raise ConfigError(f"run {run_id} is still running (driver pid {pid} on this machine): "
-                          f"stop it first, or wait for it")
+        raise ConfigError(
+            f"run {run_id} is still running (driver pid {pid} on this machine): "
+            f"stop it first, or wait for it"
+        )
     stored = configuration.from_mapping(record.config)
     if given is not None or changes:
         given = given or configuration.from_mapping({**stored.to_dict(), **changes})
-        changed = [(k, v, getattr(given, k)) for k, v in stored.to_dict().items()
-                   if getattr(given, k) != v
-                   and not (configuration.FIELDS[k].metadata["auto"] and getattr(given, k) is None)]
+        changed = [
+            (k, v, getattr(given, k))
+            for k, v in stored.to_dict().items()
+            if getattr(given, k) != v
+            and not (configuration.FIELDS[k].metadata["auto"] and getattr(given, k) is None)
+        ]
         if changed:
             k, old, new = changed[0]
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise ConfigError(f"--resume: run {run_id} was started with a different "
-                              f"configuration: {k} = {old!r} there, {new!r} here{more}; give "
-                              f"--resume alone to continue it as it was, or start a new run")
+            raise ConfigError(
+                f"--resume: run {run_id} was started with a different "
+                f"configuration: {k} = {old!r} there, {new!r} here{more}; give "
+                f"--resume alone to continue it as it was, or start a new run"
+            )
     status, error = _status(folder, run_id)
     if status == "finished":
-        raise ConfigError(f"run {run_id} already finished all {stored.rounds} rounds: "
-                          f"nothing to resume")
+        raise ConfigError(
+            f"run {run_id} already finished all {stored.rounds} rounds: nothing to resume"
+        )
     if status == "diverged":
-        raise ConfigError(f"run {run_id} diverged ({error}); resuming would diverge again: "
-                          f"start a new run with a smaller beta or alpha")
+        raise ConfigError(
+            f"run {run_id} diverged ({error}); resuming would diverge again: "
+            f"start a new run with a smaller beta or alpha"
+        )
     return stored, folder, run_id
 
 
-def to_config(config: str | Path | Mapping[str, Any] | configuration.RunConfig | None,
-              overrides: Iterable[str] = (), **changes: Any) -> configuration.RunConfig:
+def to_config(
+    config: str | Path | Mapping[str, Any] | configuration.RunConfig | None,
+    overrides: Iterable[str] = (),
+    **changes: Any,
+) -> configuration.RunConfig:
     """A validated configuration from a YAML file, a mapping or a RunConfig, with
     `--set`-style overrides and keyword changes applied."""
     if isinstance(config, configuration.RunConfig):
@@ -139,15 +161,22 @@ def to_config(config: str | Path | Mapping[str, Any] | configuration.RunConfig |
         cfg = configuration.load(config, overrides)
         return cfg.replace(**changes) if changes else cfg
     return configuration.from_mapping(
-        {**config, **configuration.parse_overrides(overrides), **changes})
+        {**config, **configuration.parse_overrides(overrides), **changes}
+    )
 
 
-def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | None = None,
-             out: str | Path | None = None, *, overrides: Iterable[str] = (),
-             resume: str | Path | None = None, address: str | None = None,
-             progress: Callable[[Any], None] | None = None,
-             announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
-             verbose: bool = False, **changes: Any) -> RunResult:
+def simulate(
+    config: str | Path | Mapping[str, Any] | configuration.RunConfig | None = None,
+    out: str | Path | None = None,
+    *,
+    overrides: Iterable[str] = (),
+    resume: str | Path | None = None,
+    address: str | None = None,
+    progress: Callable[[Any], None] | None = None,
+    announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
+    verbose: bool = False,
+    **changes: Any,
+) -> RunResult:
     """Run one simulation (or, with `resume`, continue a stopped one) and return where
     its rows are.
 
@@ -163,8 +192,9 @@ def simulate(config: str | Path | Mapping[str, Any] | configuration.RunConfig | 
     overrides = list(overrides)
     if resume is not None:
         given = None if config is None else to_config(config, overrides, **changes)
-        pending = {} if config is not None else {
-            **configuration.parse_overrides(overrides), **changes}
+        pending = (
+            {} if config is not None else {**configuration.parse_overrides(overrides), **changes}
+        )
         cfg, folder, run_id = resumable(resume, given, pending, out)
         result = RunResult(run_id, folder)
     else:

@@ -34,9 +34,11 @@ class ProgressDisplay:
         acc = "-" if p.accuracy is None else f"{100 * p.accuracy:.2f}% (round {p.accuracy_round})"
         width = 20
         bar = "#" * int(width * p.round / p.rounds)
-        line = (f"round {p.round}/{p.rounds} [{bar:<{width}}] "
-                f"{p.rounds_per_second:.2f} rounds/s, eta {_duration(eta)} | "
-                f"personalised acc {acc}")
+        line = (
+            f"round {p.round}/{p.rounds} [{bar:<{width}}] "
+            f"{p.rounds_per_second:.2f} rounds/s, eta {_duration(eta)} | "
+            f"personalised acc {acc}"
+        )
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if p.round == p.rounds else ""))
             self.stream.flush()
@@ -47,8 +49,11 @@ class ProgressDisplay:
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else (
-        f"{seconds // 60}m{seconds % 60:02d}s")
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else (f"{seconds // 60}m{seconds % 60:02d}s")
+    )
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -61,48 +66,71 @@ def cmd_run(args: argparse.Namespace) -> int:
     shown: dict[str, str] = {}
 
     def announce(cfg: configuration.RunConfig, result, resumed: bool) -> None:
-        again = (f"perfed-ray run --resume {result.checkpoint}"
-                 + (f" --address {args.address}" if args.address else ""))
+        again = f"perfed-ray run --resume {result.checkpoint}" + (
+            f" --address {args.address}" if args.address else ""
+        )
         shown.update(again=again, run_id=result.run_id, out=str(result.out))
-        print(f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), "
-              f"{cfg.n_users} users, {cfg.users_per_round} per round, {cfg.rounds} rounds",
-              file=sys.stderr)
-        print(f"run {result.run_id}: results under {result.out}/"
-              f"{'' if resumed else '; if it stops: ' + again}", file=sys.stderr)
+        print(
+            f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), "
+            f"{cfg.n_users} users, {cfg.users_per_round} per round, {cfg.rounds} rounds",
+            file=sys.stderr,
+        )
+        print(
+            f"run {result.run_id}: results under {result.out}/"
+            f"{'' if resumed else '; if it stops: ' + again}",
+            file=sys.stderr,
+        )
         signal.signal(signal.SIGTERM, _terminate)
 
     from perfed_ray.runtime.coordinator import Diverged
     from perfed_ray.runtime.pool import WorkFailed
 
     try:
-        result = simulate(args.config, args.out, overrides=args.set, resume=args.resume,
-                          address=args.address, announce=announce, verbose=args.verbose,
-                          progress=None if args.quiet else ProgressDisplay())
+        result = simulate(
+            args.config,
+            args.out,
+            overrides=args.set,
+            resume=args.resume,
+            address=args.address,
+            announce=announce,
+            verbose=args.verbose,
+            progress=None if args.quiet else ProgressDisplay(),
+        )
     except InputError:
         raise
     except Diverged as err:
-        print(f"\nerror: run {shown['run_id']}: {err}\n  it is marked 'diverged' in "
-              f"{shown['out']}/runs; rows up to round {err.round - 1} are kept",
-              file=sys.stderr)
+        print(
+            f"\nerror: run {shown['run_id']}: {err}\n  it is marked 'diverged' in "
+            f"{shown['out']}/runs; rows up to round {err.round - 1} are kept",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         if not shown:
             raise
-        print(f"\ninterrupted: run {shown['run_id']} is marked 'interrupted'; continue it "
-              f"with\n  {shown['again']}", file=sys.stderr)
+        print(
+            f"\ninterrupted: run {shown['run_id']} is marked 'interrupted'; continue it "
+            f"with\n  {shown['again']}",
+            file=sys.stderr,
+        )
         return 130
     except WorkFailed as err:
-        print(f"\nerror: run {shown['run_id']} failed: {err}\n  it is marked 'failed' in "
-              f"{shown['out']}/runs; continue it with\n  {shown['again']}", file=sys.stderr)
+        print(
+            f"\nerror: run {shown['run_id']} failed: {err}\n  it is marked 'failed' in "
+            f"{shown['out']}/runs; continue it with\n  {shown['again']}",
+            file=sys.stderr,
+        )
         return 1
     except Exception as err:
         if not shown:
             raise
         log = Path(shown["out"]) / LOGS / f"{shown['run_id']}.txt"
-        print(f"\nerror: run {shown['run_id']} failed: {type(err).__name__}: {err}\n"
-              f"  it is marked 'failed' in {shown['out']}/runs; rows written so far are kept; "
-              f"traceback in {log}; once fixed, continue it with\n  {shown['again']}",
-              file=sys.stderr)
+        print(
+            f"\nerror: run {shown['run_id']} failed: {type(err).__name__}: {err}\n"
+            f"  it is marked 'failed' in {shown['out']}/runs; rows written so far are kept; "
+            f"traceback in {log}; once fixed, continue it with\n  {shown['again']}",
+            file=sys.stderr,
+        )
         return 1
     _print_table(result.summary(), markdown=False)
     return 0
@@ -146,24 +174,40 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one simulation from a configuration file")
     run.add_argument("config", nargs="?", help="flat YAML configuration (default: all defaults)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override one configuration value (repeatable)")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one configuration value (repeatable)",
+    )
     run.add_argument("--out", help="results folder (default: results/)")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue a stopped run from its last checkpoint: "
-                          "RESULTS/checkpoints/run_id=ID (printed when it started)")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped run from its last checkpoint: "
+        "RESULTS/checkpoints/run_id=ID (printed when it started)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--verbose", action="store_true",
-                     help="show Ray's start-up messages (worker processes, token authentication)")
-    run.add_argument("--address", help="join the Ray cluster at auto, HOST:PORT or "
-                     "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)")
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Ray's start-up messages (worker processes, token authentication)",
+    )
+    run.add_argument(
+        "--address",
+        help="join the Ray cluster at auto, HOST:PORT or "
+        "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)",
+    )
     run.set_defaults(func=cmd_run)
     summ = sub.add_parser("summary", help="final personalised accuracy of every run in DIR")
     summ.add_argument("dir", help="results folder")
     summ.add_argument("--markdown", action="store_true", help="print a Markdown table")
     summ.set_defaults(func=cmd_summary)
-    report = sub.add_parser("report", help="extended Table 1, learning curves and per-group "
-                            "accuracies of the runs in DIR")
+    report = sub.add_parser(
+        "report",
+        help="extended Table 1, learning curves and per-group accuracies of the runs in DIR",
+    )
     report.add_argument("dir", help="results folder")
     report.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
     report.set_defaults(func=cmd_report)

@@ -30,9 +30,17 @@ HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 
 
-def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
-         low: float | None = None, high: float | None = None, low_open: bool = False,
-         auto: bool = False, registry: bool = False) -> Any:
+def _opt(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    auto: bool = False,
+    registry: bool = False,
+) -> Any:
     """A configuration field with the facts its validation and its docs need.
 
     `auto` fields accept the word ``auto`` (stored as ``None``): the value is
@@ -40,8 +48,15 @@ def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
     a component registered under the same key in :mod:`perfed_ray.registry` (or a
     dotted path to a user's own), and are checked against it.
     """
-    meta = {"help": help, "choices": choices, "low": low, "high": high,
-            "low_open": low_open, "auto": auto, "registry": registry}
+    meta = {
+        "help": help,
+        "choices": choices,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "auto": auto,
+        "registry": registry,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -49,94 +64,158 @@ def _opt(default: Any, help: str, *, choices: tuple[str, ...] | None = None,
 class RunConfig:
     """Every configuration value of one run (flat, so it maps to YAML and to columns)."""
 
-    dataset: str = _opt("mnist", "data set (synthetic: FedProx's Synthetic(alpha, beta))",
-                        registry=True)
+    dataset: str = _opt(
+        "mnist", "data set (synthetic: FedProx's Synthetic(alpha, beta))", registry=True
+    )
     data_root: str | None = _opt(
-        None, "folder holding the data sets; `auto` means $PERFED_DATA, else "
-        "~/.cache/perfed-ray/data", auto=True)
+        None,
+        "folder holding the data sets; `auto` means $PERFED_DATA, else ~/.cache/perfed-ray/data",
+        auto=True,
+    )
     download: bool = _opt(True, "download the data set through torchvision when it is missing")
     data_transport: str = _opt(
-        "object_store", "how actors get the data: one read-only copy in Ray's object "
-        "store, or each actor reads the data root itself", choices=DATA_TRANSPORTS)
+        "object_store",
+        "how actors get the data: one read-only copy in Ray's object "
+        "store, or each actor reads the data root itself",
+        choices=DATA_TRANSPORTS,
+    )
     partition: str = _opt(
-        "paper", "how the data are split among users (`natural`: the data set's own "
-        "users, for synthetic)", registry=True)
+        "paper",
+        "how the data are split among users (`natural`: the data set's own users, for synthetic)",
+        registry=True,
+    )
     paper_a: int | None = _opt(
-        None, "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
-        "68 for CIFAR-10, 40 for gaussian", low=1, auto=True)
+        None,
+        "`a` of the paper split (images per class unit); auto: 196 for MNIST, "
+        "68 for CIFAR-10, 40 for gaussian",
+        low=1,
+        auto=True,
+    )
     input_scale: str = _opt(
-        "unit", "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
+        "unit",
+        "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
         "mean and standard deviation of the whole training set, the same for every user), "
-        "raw (0-255)", choices=INPUT_SCALES)
+        "raw (0-255)",
+        choices=INPUT_SCALES,
+    )
     synthetic_alpha: float = _opt(
-        1.0, "alpha of Synthetic(alpha, beta): how much users' models differ", low=0)
+        1.0, "alpha of Synthetic(alpha, beta): how much users' models differ", low=0
+    )
     synthetic_beta: float = _opt(
-        1.0, "beta of Synthetic(alpha, beta): how much users' inputs differ", low=0)
+        1.0, "beta of Synthetic(alpha, beta): how much users' inputs differ", low=0
+    )
     dirichlet_alpha: float = _opt(
-        0.5, "concentration of the `dirichlet` partition", low=0, low_open=True)
+        0.5, "concentration of the `dirichlet` partition", low=0, low_open=True
+    )
     n_users: int = _opt(50, "number of users n", low=1)
-    fraction: float = _opt(0.2, "fraction r of users sampled per round", low=0, high=1,
-                           low_open=True)
+    fraction: float = _opt(
+        0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
+    )
     tau: int = _opt(10, "local steps per round", low=1)
     rounds: int = _opt(1000, "communication rounds K", low=1)
     alpha: float = _opt(0.01, "step size of the inner (adaptation) step", low=0)
     beta: float = _opt(0.001, "local (outer) step size", low=0, low_open=True)
     batch_size: int = _opt(40, "size of each batch D, D', D''", low=1)
-    delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0,
-                        low_open=True)
+    delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0, low_open=True)
     hf_delta: str = _opt(
-        "fixed", "Per-FedAvg (HF)'s difference step: fixed (`delta`) or normalized "
-        "(`delta / ‖g‖`: the perturbation of w has length `delta`)", choices=HF_DELTAS)
+        "fixed",
+        "Per-FedAvg (HF)'s difference step: fixed (`delta`) or normalized "
+        "(`delta / ‖g‖`: the perturbation of w has length `delta`)",
+        choices=HF_DELTAS,
+    )
     algorithm: str = _opt(
-        "perfedavg-hf", "federated algorithm (see perfed_ray/algorithms; a user's own as "
-        "package.module:Class)", registry=True)
-    model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN",
-                      registry=True)
+        "perfedavg-hf",
+        "federated algorithm (see perfed_ray/algorithms; a user's own as package.module:Class)",
+        registry=True,
+    )
+    model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN", registry=True)
     seed: int = _opt(0, "seed of everything random in the run", low=0)
-    eval_every: int = _opt(20, "evaluate all users every this many rounds (and at the end)",
-                           low=1)
+    eval_every: int = _opt(20, "evaluate all users every this many rounds (and at the end)", low=1)
     final_eval_draws: int = _opt(
-        10, "independent adaptation batches drawn at the final evaluation", low=1)
+        10, "independent adaptation batches drawn at the final evaluation", low=1
+    )
     adapt_on: str = _opt(
-        "train", "shard the evaluation's adaptation batch comes from (`test` leaks "
-        "labels: the paper's FedAvg baseline text; report it separately)", choices=ADAPT_ON)
+        "train",
+        "shard the evaluation's adaptation batch comes from (`test` leaks "
+        "labels: the paper's FedAvg baseline text; report it separately)",
+        choices=ADAPT_ON,
+    )
     users_per_actor: int | None = _opt(
-        None, "users hosted by each Ray actor; auto: one actor per user while the cluster "
+        None,
+        "users hosted by each Ray actor; auto: one actor per user while the cluster "
         "runs every user's actor at once, else as many actors as it runs at once, users "
-        "spread evenly over them", low=1, auto=True)
+        "spread evenly over them",
+        low=1,
+        auto=True,
+    )
     engine: str | None = _opt(
-        None, "how an actor runs its users' local work: sequential (one after another), "
+        None,
+        "how an actor runs its users' local work: sequential (one after another), "
         "vmap (torch.func.vmap, any model), fused (stacked parameters and batched matrix "
         "products, for models that declare fused_layers()); auto: fused where the model "
-        "allows, else vmap", registry=True, auto=True)
+        "allows, else vmap",
+        registry=True,
+        auto=True,
+    )
     compile: bool | None = _opt(
-        None, "torch.compile the fused engine's local step (about 10-20 s per actor the "
+        None,
+        "torch.compile the fused engine's local step (about 10-20 s per actor the "
         "first time, kernels cached for the next runs); auto: on when each actor has more "
-        "than 200,000 user-steps to run", auto=True)
+        "than 200,000 user-steps to run",
+        auto=True,
+    )
     strategy: str = _opt(
-        "uniform", "the server's policy: which users a round samples and which are "
-        "evaluated (uniform: Algorithm 1's, without replacement)", registry=True)
+        "uniform",
+        "the server's policy: which users a round samples and which are "
+        "evaluated (uniform: Algorithm 1's, without replacement)",
+        registry=True,
+    )
     aggregation: str = _opt(
-        "mean", "how users' models are combined: their plain mean (Algorithm 1) or their "
-        "mean weighted by training samples", choices=AGGREGATIONS)
+        "mean",
+        "how users' models are combined: their plain mean (Algorithm 1) or their "
+        "mean weighted by training samples",
+        choices=AGGREGATIONS,
+    )
     num_cpus_per_actor: float | None = _opt(
-        None, "CPUs each actor asks Ray for; auto: the cluster's CPUs shared among the "
-        "actors, at most 1", low=0, low_open=True, auto=True)
+        None,
+        "CPUs each actor asks Ray for; auto: the cluster's CPUs shared among the actors, at most 1",
+        low=0,
+        low_open=True,
+        auto=True,
+    )
     num_gpus_per_actor: float | None = _opt(
-        None, "GPUs each actor asks Ray for (fractions allowed); auto: the cluster's GPUs "
-        "shared among the actors, at most 1, or 0 without GPUs", low=0, auto=True)
+        None,
+        "GPUs each actor asks Ray for (fractions allowed); auto: the cluster's GPUs "
+        "shared among the actors, at most 1, or 0 without GPUs",
+        low=0,
+        auto=True,
+    )
     checkpoint_every: int = _opt(
-        20, "write a checkpoint (global model, round, result file counts) every this many "
-        "rounds and at the end; `--resume` continues from the last one", low=1)
+        20,
+        "write a checkpoint (global model, round, result file counts) every this many "
+        "rounds and at the end; `--resume` continues from the last one",
+        low=1,
+    )
     actor_retries: int = _opt(
-        3, "times an actor that dies during a round is replaced and its users' work re-run "
-        "before the run stops", low=0)
+        3,
+        "times an actor that dies during a round is replaced and its users' work re-run "
+        "before the run stops",
+        low=0,
+    )
     dropout: float = _opt(
-        0.0, "chance that a sampled user drops out of a round (does not report); simulates "
-        "partial participation, recorded in `events`", low=0, high=1)
+        0.0,
+        "chance that a sampled user drops out of a round (does not report); simulates "
+        "partial participation, recorded in `events`",
+        low=0,
+        high=1,
+    )
     stragglers: float = _opt(
-        0.0, "chance that a sampled user that did not drop out reports after the round's "
-        "deadline and is cut; recorded in `events`", low=0, high=1)
+        0.0,
+        "chance that a sampled user that did not drop out reports after the round's "
+        "deadline and is cut; recorded in `events`",
+        low=0,
+        high=1,
+    )
     tag: str = _opt("", "free-form label stored with the results")
 
     @property
@@ -237,8 +316,10 @@ def from_mapping(values: Mapping[str, Any]) -> RunConfig:
         if key not in FIELDS:
             close = difflib.get_close_matches(str(key), FIELDS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown configuration key {key!r}{hint}; "
-                              f"see `perfed-ray keys` for the allowed keys")
+            raise ConfigError(
+                f"unknown configuration key {key!r}{hint}; "
+                f"see `perfed-ray keys` for the allowed keys"
+            )
     cfg = RunConfig(**{k: _coerce(k, v) for k, v in values.items()})
     _check_combination(cfg)
     return cfg
@@ -247,26 +328,38 @@ def from_mapping(values: Mapping[str, Any]) -> RunConfig:
 def _check_combination(cfg: RunConfig) -> None:
     """Rules that involve more than one key."""
     if cfg.partition in ("paper", "paper-diff") and cfg.n_users < 2:
-        raise ConfigError(f"n_users = {cfg.n_users} is too small for partition "
-                          f"{cfg.partition!r}: it needs at least 2 users (two groups)")
+        raise ConfigError(
+            f"n_users = {cfg.n_users} is too small for partition "
+            f"{cfg.partition!r}: it needs at least 2 users (two groups)"
+        )
     if (cfg.dataset == "synthetic") != (cfg.partition == "natural"):
-        raise ConfigError(f"partition = {cfg.partition!r} does not fit dataset = "
-                          f"{cfg.dataset!r}: dataset synthetic generates its own users and "
-                          f"needs partition: natural; the other data sets need paper, "
-                          f"paper-diff, iid or dirichlet")
+        raise ConfigError(
+            f"partition = {cfg.partition!r} does not fit dataset = "
+            f"{cfg.dataset!r}: dataset synthetic generates its own users and "
+            f"needs partition: natural; the other data sets need paper, "
+            f"paper-diff, iid or dirichlet"
+        )
     if cfg.dataset == "synthetic" and cfg.input_scale != "unit":
-        raise ConfigError(f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
-                          f"synthetic has real-valued features: use input_scale: unit")
+        raise ConfigError(
+            f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
+            f"synthetic has real-valued features: use input_scale: unit"
+        )
     if cfg.dataset == "synthetic" and cfg.model != "mlp":
-        raise ConfigError(f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
-                          f"plain features: use model: mlp")
+        raise ConfigError(
+            f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
+            f"plain features: use model: mlp"
+        )
     if cfg.fraction * cfg.n_users < 1:
-        raise ConfigError(f"fraction * n_users = {cfg.fraction} * {cfg.n_users} = "
-                          f"{cfg.fraction * cfg.n_users:g} samples no user per round: raise "
-                          f"fraction to at least {1 / cfg.n_users:g} or n_users")
+        raise ConfigError(
+            f"fraction * n_users = {cfg.fraction} * {cfg.n_users} = "
+            f"{cfg.fraction * cfg.n_users:g} samples no user per round: raise "
+            f"fraction to at least {1 / cfg.n_users:g} or n_users"
+        )
     if cfg.users_per_actor is not None and cfg.users_per_actor > cfg.n_users:
-        raise ConfigError(f"users_per_actor = {cfg.users_per_actor} is larger than "
-                          f"n_users = {cfg.n_users}: use at most n_users")
+        raise ConfigError(
+            f"users_per_actor = {cfg.users_per_actor} is larger than "
+            f"n_users = {cfg.n_users}: use at most n_users"
+        )
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
@@ -293,13 +386,15 @@ def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
-            raise ConfigError(f"configuration file {str(path)!r} is not valid YAML: "
-                              f"{err}") from None
+            raise ConfigError(
+                f"configuration file {str(path)!r} is not valid YAML: {err}"
+            ) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"configuration file {str(path)!r} must be a flat mapping "
-                              f"of key: value lines")
+            raise ConfigError(
+                f"configuration file {str(path)!r} must be a flat mapping of key: value lines"
+            )
         values.update(loaded)
     values.update(parse_overrides(overrides))
     return from_mapping(values)

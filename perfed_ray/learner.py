@@ -47,8 +47,13 @@ class Learner:
     the first time the user needs it and kept until the run ends; it is what a
     checkpoint saves (:meth:`state_vectors`) and a resumed run starts from."""
 
-    def __init__(self, cfg: RunConfig, model: nn.Module, shards: dict[int, Shard],
-                 states: dict[int, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: nn.Module,
+        shards: dict[int, Shard],
+        states: dict[int, np.ndarray] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.model = model
         self.shards = shards
@@ -77,27 +82,36 @@ class Learner:
 
     def _indices(self, user: int, round_: int) -> torch.Tensor:
         algorithm = self.algorithm
-        return round_indices(self.cfg.seed, user, round_, len(self.shards[user].y_train),
-                             self.cfg.tau, algorithm.batches_per_step, self.cfg.batch_size,
-                             algorithm.draws_per_step)
+        return round_indices(
+            self.cfg.seed,
+            user,
+            round_,
+            len(self.shards[user].y_train),
+            self.cfg.tau,
+            algorithm.batches_per_step,
+            self.cfg.batch_size,
+            algorithm.draws_per_step,
+        )
 
-    def block_batches(self, users: list[int],
-                      round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_batches(self, users: list[int], round_: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh batches for each of the tau steps of a round, for several users, stacked:
         x [U, tau, per_step, B, ...], gathered straight into place."""
         first = self.shards[users[0]]
         idx = [self._indices(u, round_) for u in users]
-        x = torch.empty(len(users), *idx[0].shape, *first.x_train.shape[1:],
-                        dtype=first.x_train.dtype, device=self.device)
-        y = torch.empty(len(users), *idx[0].shape, dtype=first.y_train.dtype,
-                        device=self.device)
+        x = torch.empty(
+            len(users),
+            *idx[0].shape,
+            *first.x_train.shape[1:],
+            dtype=first.x_train.dtype,
+            device=self.device,
+        )
+        y = torch.empty(len(users), *idx[0].shape, dtype=first.y_train.dtype, device=self.device)
         for i, (u, index) in enumerate(zip(users, idx, strict=True)):
             gather(self.shards[u].x_train, index, out=x[i])
             gather(self.shards[u].y_train, index, out=y[i])
         return x, y
 
-    def train(self, server: Params, users: list[int],
-              round_: int) -> tuple[Params, torch.Tensor]:
+    def train(self, server: Params, users: list[int], round_: int) -> tuple[Params, torch.Tensor]:
         """Round k's local work of the given users from the server's model: their models
         stacked along a leading axis and their mean training losses; their states move
         on to the next round."""
@@ -123,24 +137,36 @@ class Learner:
         accuracy = (logits.argmax(dim=1) == shard.y_test).float().mean()
         return float(accuracy), float(loss)
 
-    def evaluate(self, server: Params, user: int, round_: int,
-                 draws: int) -> list[Evaluation]:
+    def evaluate(self, server: Params, user: int, round_: int, draws: int) -> list[Evaluation]:
         """Accuracy on the whole test shard before and after the method's
         personalisation (one step of SGD of size alpha for Per-FedAvg and FedAvg) on a
         batch from the user's own data, once per independent draw."""
         shard = self.shards[user]
         acc_before, loss_before = self._score(server, shard)
-        x, y = ((shard.x_test, shard.y_test) if self.cfg.adapt_on == "test" else
-                (shard.x_train, shard.y_train))
+        x, y = (
+            (shard.x_test, shard.y_test)
+            if self.cfg.adapt_on == "test"
+            else (shard.x_train, shard.y_train)
+        )
         state = self._state(user, server, keep=False)
         rows = []
         for draw in range(draws):
-            idx = evaluation_indices(self.cfg.seed, user, round_, draw, len(y),
-                                     self.cfg.batch_size)
-            personal = self.algorithm.personalise(self.ops, server, state,
-                                                  (gather(x, idx), gather(y, idx)))
+            idx = evaluation_indices(self.cfg.seed, user, round_, draw, len(y), self.cfg.batch_size)
+            personal = self.algorithm.personalise(
+                self.ops, server, state, (gather(x, idx), gather(y, idx))
+            )
             acc_after, loss_after = self._score(personal, shard)
-            rows.append(Evaluation(user, shard.group, draw, len(shard.y_train),
-                                   len(shard.y_test), acc_before, loss_before, acc_after,
-                                   loss_after))
+            rows.append(
+                Evaluation(
+                    user,
+                    shard.group,
+                    draw,
+                    len(shard.y_train),
+                    len(shard.y_test),
+                    acc_before,
+                    loss_before,
+                    acc_after,
+                    loss_after,
+                )
+            )
         return rows

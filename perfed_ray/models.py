@@ -21,8 +21,10 @@ class MLP(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(int(np.prod(input_shape)), 80), nn.ELU(),
-            nn.Linear(80, 60), nn.ELU(),
+            nn.Linear(int(np.prod(input_shape)), 80),
+            nn.ELU(),
+            nn.Linear(80, 60),
+            nn.ELU(),
             nn.Linear(60, n_classes),
         )
 
@@ -43,12 +45,17 @@ class CNN(nn.Module):
         self.input_shape = tuple(input_shape)
         channels, height, width = self.input_shape
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, 5, padding=2), nn.ELU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5, padding=2), nn.ELU(), nn.MaxPool2d(2),
+            nn.Conv2d(channels, 16, 5, padding=2),
+            nn.ELU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2),
+            nn.ELU(),
+            nn.MaxPool2d(2),
             nn.Flatten(),
         )
         self.head = nn.Sequential(
-            nn.Linear(32 * (height // 4) * (width // 4), 64), nn.ELU(),
+            nn.Linear(32 * (height // 4) * (width // 4), 64),
+            nn.ELU(),
             nn.Linear(64, n_classes),
         )
 
@@ -56,8 +63,9 @@ class CNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.input_shape)))
 
 
-def build_model(name: str, input_shape: tuple[int, ...], n_classes: int,
-                seed: int | None = None) -> nn.Module:
+def build_model(
+    name: str, input_shape: tuple[int, ...], n_classes: int, seed: int | None = None
+) -> nn.Module:
     """A fresh model of a registered (or dotted-path) class, called with the input
     shape and the number of classes; with `seed`, its initial weights are a function
     of the seed alone."""

@@ -14,7 +14,8 @@ ROW_KEYS = ("dataset", "partition", "tau", "alpha")
 PAPER_ALGORITHMS = ("fedavg", "perfedavg-fo", "perfedavg-hf")
 
 TABLE1: dict[Row, dict[str, float]] = {
-    row: dict(zip(PAPER_ALGORITHMS, figures, strict=True)) for row, figures in {
+    row: dict(zip(PAPER_ALGORITHMS, figures, strict=True))
+    for row, figures in {
         ("mnist", "paper", 10, 0.01): (75.96, 78.00, 79.85),
         ("mnist", "paper", 4, 0.01): (60.18, 64.55, 70.94),
         ("cifar10", "paper", 10, 0.001): (40.49, 46.98, 50.44),

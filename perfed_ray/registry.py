@@ -41,14 +41,15 @@ def import_object(path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise ConfigError(f"cannot import {module_name!r} for {path!r} ({err}): is it on "
-                          f"PYTHONPATH, or installed?") from None
+        raise ConfigError(
+            f"cannot import {module_name!r} for {path!r} ({err}): is it on "
+            f"PYTHONPATH, or installed?"
+        ) from None
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"{path!r}: module {module_name!r} has no {attribute!r}"
-                              ) from None
+            raise ConfigError(f"{path!r}: module {module_name!r} has no {attribute!r}") from None
     return obj
 
 
@@ -82,9 +83,11 @@ class Registry:
 
             close = difflib.get_close_matches(name, list(paths), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{self.key} = {name!r} is not allowed{hint}: one of "
-                              f"{', '.join(self.names())}, or a dotted path "
-                              f"package.module:Name to your own {self.concept}")
+            raise ConfigError(
+                f"{self.key} = {name!r} is not allowed{hint}: one of "
+                f"{', '.join(self.names())}, or a dotted path "
+                f"package.module:Name to your own {self.concept}"
+            )
         return paths[name]
 
     def check(self, name: str) -> None:
@@ -108,42 +111,70 @@ class Registry:
         return f"one of {', '.join(self.names())}, or package.module:Name"
 
 
-ALGORITHMS = Registry("algorithm", "algorithm", {
-    "fedavg": "perfed_ray.algorithms.fedavg:FedAvg",
-    "perfedavg": "perfed_ray.algorithms.perfedavg:PerFedAvg",
-    "perfedavg-fo": "perfed_ray.algorithms.perfedavg:PerFedAvgFO",
-    "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
-}, group="perfed_ray.algorithms")
+ALGORITHMS = Registry(
+    "algorithm",
+    "algorithm",
+    {
+        "fedavg": "perfed_ray.algorithms.fedavg:FedAvg",
+        "perfedavg": "perfed_ray.algorithms.perfedavg:PerFedAvg",
+        "perfedavg-fo": "perfed_ray.algorithms.perfedavg:PerFedAvgFO",
+        "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
+    },
+    group="perfed_ray.algorithms",
+)
 
-MODELS = Registry("model", "model", {
-    "mlp": "perfed_ray.models:MLP",
-    "cnn": "perfed_ray.models:CNN",
-}, group="perfed_ray.models")
+MODELS = Registry(
+    "model",
+    "model",
+    {
+        "mlp": "perfed_ray.models:MLP",
+        "cnn": "perfed_ray.models:CNN",
+    },
+    group="perfed_ray.models",
+)
 
-DATASETS = Registry("data set", "dataset", {
-    "mnist": "perfed_ray.data.datasets:MNIST",
-    "cifar10": "perfed_ray.data.datasets:CIFAR10",
-    "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
-    "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
-}, group="perfed_ray.datasets")
+DATASETS = Registry(
+    "data set",
+    "dataset",
+    {
+        "mnist": "perfed_ray.data.datasets:MNIST",
+        "cifar10": "perfed_ray.data.datasets:CIFAR10",
+        "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
+        "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
+    },
+    group="perfed_ray.datasets",
+)
 
-PARTITIONERS = Registry("partitioner", "partition", {
-    "paper": "perfed_ray.data.partition:paper",
-    "paper-diff": "perfed_ray.data.partition:paper_diff",
-    "iid": "perfed_ray.data.partition:iid",
-    "dirichlet": "perfed_ray.data.partition:dirichlet",
-    "natural": "perfed_ray.data.partition:natural",
-}, group="perfed_ray.partitioners")
+PARTITIONERS = Registry(
+    "partitioner",
+    "partition",
+    {
+        "paper": "perfed_ray.data.partition:paper",
+        "paper-diff": "perfed_ray.data.partition:paper_diff",
+        "iid": "perfed_ray.data.partition:iid",
+        "dirichlet": "perfed_ray.data.partition:dirichlet",
+        "natural": "perfed_ray.data.partition:natural",
+    },
+    group="perfed_ray.partitioners",
+)
 
-ENGINES = Registry("engine", "engine", {
-    "sequential": "perfed_ray.engines.sequential:Sequential",
-    "vmap": "perfed_ray.engines.vmap:Vmap",
-    "fused": "perfed_ray.engines.fused:Fused",
-})
+ENGINES = Registry(
+    "engine",
+    "engine",
+    {
+        "sequential": "perfed_ray.engines.sequential:Sequential",
+        "vmap": "perfed_ray.engines.vmap:Vmap",
+        "fused": "perfed_ray.engines.fused:Fused",
+    },
+)
 
-STRATEGIES = Registry("strategy", "strategy", {
-    "uniform": "perfed_ray.strategy:Strategy",
-}, group="perfed_ray.strategies")
+STRATEGIES = Registry(
+    "strategy",
+    "strategy",
+    {
+        "uniform": "perfed_ray.strategy:Strategy",
+    },
+    group="perfed_ray.strategies",
+)
 
-REGISTRIES = {r.key: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, ENGINES,
-                                 STRATEGIES)}
+REGISTRIES = {r.key: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, ENGINES, STRATEGIES)}

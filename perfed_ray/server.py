@@ -17,10 +17,10 @@ class Server:
         self.algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
         self.layout = FlatParams(template)
 
-    def next_model(self, weights: np.ndarray, total: np.ndarray,
-                   weight_sum: float) -> np.ndarray:
+    def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:
         """w_{k+1} from w_k and the weighted sum of the reporting users' models."""
         aggregate = (total / weight_sum).astype(np.float32)
-        new = self.algorithm.server_update(self.layout.unflatten(weights),
-                                           self.layout.unflatten(aggregate))
+        new = self.algorithm.server_update(
+            self.layout.unflatten(weights), self.layout.unflatten(aggregate)
+        )
         return self.layout.flatten(new)

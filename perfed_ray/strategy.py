@@ -53,8 +53,11 @@ class Strategy:
             return Participation(users, [], [])
         draws = numpy_rng(cfg.seed, Stream.PARTICIPATION, round_).random((len(users), 2))
         dropped = [u for u, (d, _) in zip(users, draws, strict=True) if d < cfg.dropout]
-        late = [u for u, (d, s) in zip(users, draws, strict=True)
-                if d >= cfg.dropout and s < cfg.stragglers]
+        late = [
+            u
+            for u, (d, s) in zip(users, draws, strict=True)
+            if d >= cfg.dropout and s < cfg.stragglers
+        ]
         gone = set(dropped) | set(late)
         return Participation([u for u in users if u not in gone], dropped, late)
 

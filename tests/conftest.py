@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Tests and CI read the verified copies in ../shared/data unless told otherwise; made
 # absolute, because tests run the CLI from other working directories.
 os.environ["PERFED_DATA"] = str(
-    Path(os.environ.get("PERFED_DATA", REPO.parent / "shared" / "data")).resolve())
+    Path(os.environ.get("PERFED_DATA", REPO.parent / "shared" / "data")).resolve()
+)
 
 
 @pytest.fixture(scope="session")
@@ -36,11 +37,29 @@ def mnist():
     return load_dataset("mnist", None, False, 0)
 
 
-TINY = {"dataset": "gaussian", "n_users": 4, "fraction": 0.5, "rounds": 4, "tau": 2,
-        "eval_every": 2, "final_eval_draws": 3, "users_per_actor": 4}
-DIVERGES = {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
-            "eval_every": 6, "alpha": 0.05, "beta": 2.0, "final_eval_draws": 3,
-            "users_per_actor": 3, "algorithm": "perfedavg-hf"}  # NaN in round 2
+TINY = {
+    "dataset": "gaussian",
+    "n_users": 4,
+    "fraction": 0.5,
+    "rounds": 4,
+    "tau": 2,
+    "eval_every": 2,
+    "final_eval_draws": 3,
+    "users_per_actor": 4,
+}
+DIVERGES = {
+    "dataset": "gaussian",
+    "n_users": 6,
+    "fraction": 0.5,
+    "rounds": 6,
+    "tau": 5,
+    "eval_every": 6,
+    "alpha": 0.05,
+    "beta": 2.0,
+    "final_eval_draws": 3,
+    "users_per_actor": 3,
+    "algorithm": "perfedavg-hf",
+}  # NaN in round 2
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +71,9 @@ def tiny_results(ray_session, tmp_path_factory):
     from perfed_ray.runtime.coordinator import Diverged
 
     out = tmp_path_factory.mktemp("tiny-results")
-    configs = [{**TINY, "algorithm": a, "seed": s}
-               for a in ("fedavg", "perfedavg-hf") for s in (0, 1)]
+    configs = [
+        {**TINY, "algorithm": a, "seed": s} for a in ("fedavg", "perfedavg-hf") for s in (0, 1)
+    ]
     configs.append({**TINY, "algorithm": "perfedavg-hf", "input_scale": "standardize"})
     for values in configs:
         simulation.run(simulation.prepare(from_mapping(values)), out)

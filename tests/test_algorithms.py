@@ -19,8 +19,9 @@ def problem():
     torch.manual_seed(0)
     model = build_model("mlp", (1, 4, 4), 10).double()
     params = {k: v.double() for k, v in params_of(model).items()}
-    batches = [(torch.randn(40, 16, dtype=torch.float64), torch.randint(0, 10, (40,)))
-               for _ in range(3)]
+    batches = [
+        (torch.randn(40, 16, dtype=torch.float64), torch.randint(0, 10, (40,))) for _ in range(3)
+    ]
     return FunctionalOps(model), params, batches
 
 
@@ -43,9 +44,13 @@ def _direction(name, ops, w, batches, **values):
 def test_hf_direction_tends_to_exact_as_delta_shrinks(problem):
     ops, w, batches = problem
     exact = _direction("perfedavg", ops, w, batches, alpha=0.5, beta=0.1)
-    errors = [_distance(_direction("perfedavg-hf", ops, w, batches, alpha=0.5, beta=0.1,
-                                   delta=delta), exact) / _norm(exact)
-              for delta in (1e-1, 1e-2, 1e-3)]
+    errors = [
+        _distance(
+            _direction("perfedavg-hf", ops, w, batches, alpha=0.5, beta=0.1, delta=delta), exact
+        )
+        / _norm(exact)
+        for delta in (1e-1, 1e-2, 1e-3)
+    ]
     # ELU's second derivative jumps at 0, so the error shrinks at least like delta
     # (like delta^2 where no unit sits near its kink).
     assert errors[0] > errors[1] > errors[2]
@@ -56,8 +61,7 @@ def test_hf_direction_tends_to_exact_as_delta_shrinks(problem):
 def test_normalized_hf_is_fixed_hf_with_delta_over_the_gradient_norm(problem):
     ops, w, batches = problem
     g = _direction("perfedavg-fo", ops, w, batches, alpha=0.5)
-    got = _direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=1e-2,
-                     hf_delta="normalized")
+    got = _direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=1e-2, hf_delta="normalized")
     expected = _direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=1e-2 / _norm(g))
     for k in w:
         torch.testing.assert_close(got[k], expected[k])
@@ -66,9 +70,16 @@ def test_normalized_hf_is_fixed_hf_with_delta_over_the_gradient_norm(problem):
 def test_normalized_hf_tends_to_exact_as_the_perturbation_shrinks(problem):
     ops, w, batches = problem
     exact = _direction("perfedavg", ops, w, batches, alpha=0.5)
-    errors = [_distance(_direction("perfedavg-hf", ops, w, batches, alpha=0.5, delta=delta,
-                                   hf_delta="normalized"), exact) / _norm(exact)
-              for delta in (1e-1, 1e-3)]
+    errors = [
+        _distance(
+            _direction(
+                "perfedavg-hf", ops, w, batches, alpha=0.5, delta=delta, hf_delta="normalized"
+            ),
+            exact,
+        )
+        / _norm(exact)
+        for delta in (1e-1, 1e-3)
+    ]
     assert errors[1] < errors[0] / 10 and errors[1] < 1e-6
 
 
@@ -81,8 +92,9 @@ def test_normalized_hf_with_a_zero_gradient_is_zero_not_nan():
 
     w = {"v": torch.ones(3, dtype=torch.float64)}
     batch = (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
-    direction = _direction("perfedavg-hf", Flat(None), w, [batch] * 3, alpha=0.5,
-                           hf_delta="normalized")
+    direction = _direction(
+        "perfedavg-hf", Flat(None), w, [batch] * 3, alpha=0.5, hf_delta="normalized"
+    )
     torch.testing.assert_close(direction["v"], torch.zeros(3, dtype=torch.float64))
 
 
@@ -96,7 +108,8 @@ def test_hessian_vector_product_matches_reverse_over_reverse(problem):
         return ops.loss(dict(zip(names, tensors, strict=True)), d)
 
     _, expected = torch.autograd.functional.hvp(
-        flat_loss, tuple(w[k] for k in names), tuple(v[k] for k in names))
+        flat_loss, tuple(w[k] for k in names), tuple(v[k] for k in names)
+    )
     got = ops.hvp(w, d, v)
     for k, e in zip(names, expected, strict=True):
         torch.testing.assert_close(got[k], e)

@@ -12,11 +12,14 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
-@pytest.mark.parametrize(("script", "kinds"), [("throughput", {"gemm", "engine"}),
-                                                ("scale", None)])
+@pytest.mark.parametrize(("script", "kinds"), [("throughput", {"gemm", "engine"}), ("scale", None)])
 def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
-    done = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = pd.read_parquet(tmp_path / f"{script}.parquet")
     assert len(rows) and {"cpu", "cores", "torch", "ray"} <= set(rows.columns)

@@ -14,8 +14,13 @@ from perfed_ray.config import ConfigError, from_mapping, load
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def _cifar_npz(path: Path, classes: int, per_class: int = 600) -> None:
@@ -32,44 +37,72 @@ SETUPS = {
     "corrupt": lambda d: (d / "cifar10.npz").write_bytes(b"PK\x03\x04 not a zip archive"),
     "foreign-out": lambda d: ((d / "out").mkdir(), (d / "out" / "notes.txt").write_text("x")),
     "out-is-a-file": lambda d: (d / "out").write_text("x"),
-    "run-folders": lambda d: [(d / f / "checkpoints/run_id=x").mkdir(parents=True)
-                              for f in ("out", "other")],
+    "run-folders": lambda d: [
+        (d / f / "checkpoints/run_id=x").mkdir(parents=True) for f in ("out", "other")
+    ],
 }
 
 BAD_INPUTS = [
     (["--set", "fraction=1.5"], "fraction = 1.5 is out of range: a number in (0, 1]"),
     (["--set", "tau=0"], "tau = 0 is out of range: an integer >= 1"),
-    (["--set", "algorithm=maml"],
-     "algorithm = 'maml' is not allowed: one of fedavg, perfedavg, perfedavg-fo, perfedavg-hf"),
+    (
+        ["--set", "algorithm=maml"],
+        "algorithm = 'maml' is not allowed: one of fedavg, perfedavg, perfedavg-fo, perfedavg-hf",
+    ),
     (["--set", "n_users=ten"], "n_users = 'ten' is not allowed: an integer >= 1"),
     (["--set", "alpah=0.1"], "unknown configuration key 'alpah' (did you mean 'alpha'?)"),
     (["--set", "beta"], "--set 'beta' is not of the form key=value"),
-    (["--set", "data_root=/nonexistent/data", "--set", "download=false"],
-     "data root /nonexistent/data does not exist: set data_root or $PERFED_DATA"),
-    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "--set", "download=false"],
-     "CIFAR-10 not found under"),
-    (["--set", "dataset=mnist", "--set", "data_root=EMPTY", "--set", "download=false"],
-     "MNIST not found under"),
+    (
+        ["--set", "data_root=/nonexistent/data", "--set", "download=false"],
+        "data root /nonexistent/data does not exist: set data_root or $PERFED_DATA",
+    ),
+    (
+        ["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "--set", "download=false"],
+        "CIFAR-10 not found under",
+    ),
+    (
+        ["--set", "dataset=mnist", "--set", "data_root=EMPTY", "--set", "download=false"],
+        "MNIST not found under",
+    ),
     (["no-such-file.yaml"], "configuration file 'no-such-file.yaml' does not exist"),
     (["--set", "partition=paper", "--set", "n_users=1"], "n_users = 1 is too small"),
-    (["--set", "n_users=10", "--set", "fraction=0.05"],
-     "fraction * n_users = 0.05 * 10 = 0.5 samples no user per round: raise fraction to at "
-     "least 0.1"),
+    (
+        ["--set", "n_users=10", "--set", "fraction=0.05"],
+        "fraction * n_users = 0.05 * 10 = 0.5 samples no user per round: raise fraction to at "
+        "least 0.1",
+    ),
     (["--set", "dropout=-0.1"], "dropout = -0.1 is out of range: a number in [0, 1]"),
     (["--set", "checkpoint_every=1.5"], "checkpoint_every = 1.5 is not allowed: an integer"),
-    (["--set", "dataset=gaussian", "--set", "paper_a=900"],
-     "gaussian training set has 1000 samples of class 0, but the partition needs 24750: "
-     "lower n_users (or paper_a)"),
-    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "--set", "n_users=4",
-      "--set", "fraction=0.5", "five-classes"],
-     "cifar10 training set has no samples of class 5, but the partition needs classes 0 to 9"),
-    (["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "corrupt"],
-     "cifar10.npz is not a readable CIFAR-10 .npz"),
+    (
+        ["--set", "dataset=gaussian", "--set", "paper_a=900"],
+        "gaussian training set has 1000 samples of class 0, but the partition needs 24750: "
+        "lower n_users (or paper_a)",
+    ),
+    (
+        [
+            "--set",
+            "dataset=cifar10",
+            "--set",
+            "data_root=EMPTY",
+            "--set",
+            "n_users=4",
+            "--set",
+            "fraction=0.5",
+            "five-classes",
+        ],
+        "cifar10 training set has no samples of class 5, but the partition needs classes 0 to 9",
+    ),
+    (
+        ["--set", "dataset=cifar10", "--set", "data_root=EMPTY", "corrupt"],
+        "cifar10.npz is not a readable CIFAR-10 .npz",
+    ),
     (["foreign-out"], "is not empty and not a perfed-ray results folder (it holds notes.txt)"),
     (["out-is-a-file"], "cannot be created (File exists): choose a writable folder"),
     (["--resume", "EMPTY"], "is not a run folder: give <results>/checkpoints/run_id=<id>"),
-    (["--resume", "EMPTY/other/checkpoints/run_id=x", "run-folders"],
-     "differs from the folder of the run being resumed"),
+    (
+        ["--resume", "EMPTY/other/checkpoints/run_id=x", "run-folders"],
+        "differs from the folder of the run being resumed",
+    ),
     (["--resume", "EMPTY/out/checkpoints/run_id=x", "run-folders"], "run.json does not exist"),
 ]
 
@@ -103,8 +136,10 @@ def test_yaml_file_problems(tmp_path):
 
 def test_run_and_summary_through_the_cli(tmp_path):
     config = tmp_path / "easy.yaml"
-    config.write_text("dataset: gaussian\nn_users: 4\nfraction: 0.5\nrounds: 3\n"
-                      "eval_every: 3\ntau: 2\nbeta: 0.2\nfinal_eval_draws: 2\n")
+    config.write_text(
+        "dataset: gaussian\nn_users: 4\nfraction: 0.5\nrounds: 3\n"
+        "eval_every: 3\ntau: 2\nbeta: 0.2\nfinal_eval_draws: 2\n"
+    )
     out = tmp_path / "results"
     run = _cli("run", str(config), "--set", "algorithm=perfedavg-fo", "--out", str(out))
     assert run.returncode == 0, run.stderr
@@ -120,8 +155,11 @@ def test_run_and_summary_through_the_cli(tmp_path):
 
     [run_dir] = (out / "checkpoints").iterdir()
     changed = _cli("run", "--resume", str(run_dir), "--set", "tau=3")
-    assert changed.returncode == 2 and ("error: --resume: run " in changed.stderr) and (
-        "was started with a different configuration: tau = 2 there, 3 here" in changed.stderr)
+    assert (
+        changed.returncode == 2
+        and ("error: --resume: run " in changed.stderr)
+        and ("was started with a different configuration: tau = 2 there, 3 here" in changed.stderr)
+    )
     finished = _cli("run", "--resume", str(run_dir))
     assert finished.returncode == 2 and "already finished all 3 rounds" in finished.stderr
 
@@ -146,17 +184,24 @@ def test_resume_refuses_a_run_whose_driver_is_still_alive(tmp_path):
     from perfed_ray.runtime.checkpoint import RunRecord, RunStore
 
     # A live process standing in for the first driver (its command line names perfed-ray).
-    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)",
-                               "perfed-ray"])
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "perfed-ray"])
     try:
         store = RunStore(tmp_path / "out", "r1")
-        store.save_record(RunRecord("r1", from_mapping({"dataset": "gaussian"}).to_dict(),
-                                    [[0]], "2026-01-01T00:00:00+00:00", "perfed-ray run",
-                                    driver=f"{socket.gethostname()}:{driver.pid}"))
+        store.save_record(
+            RunRecord(
+                "r1",
+                from_mapping({"dataset": "gaussian"}).to_dict(),
+                [[0]],
+                "2026-01-01T00:00:00+00:00",
+                "perfed-ray run",
+                driver=f"{socket.gethostname()}:{driver.pid}",
+            )
+        )
         result = _cli("run", "--resume", str(store.folder))
         assert result.returncode == 2
         assert f"run r1 is still running (driver pid {driver.pid} on this machine)" in (
-            result.stderr)
+            result.stderr
+        )
     finally:
         driver.kill()
         driver.wait()
@@ -173,12 +218,17 @@ def test_rays_worker_start_up_warnings_are_hidden_and_other_lines_kept(capsys):
     try:
         chatter.hide()
         chatter.hide()  # idempotent: one filter, not two
-        warning = ("WARNING: 40 PYTHON worker processes have been started on node: abc with "
-                   "address: 1.2.3.4, which is 20x the maximum expected startup concurrency")
-        ray_worker.print_to_stdstream({"lines": [warning], "pid": "raylet", "is_err": False},
-                                      ignore_prefix=False)
-        ray_worker.print_to_stdstream({"lines": [warning, "a real error"], "pid": "raylet",
-                                       "is_err": False}, ignore_prefix=False)
+        warning = (
+            "WARNING: 40 PYTHON worker processes have been started on node: abc with "
+            "address: 1.2.3.4, which is 20x the maximum expected startup concurrency"
+        )
+        ray_worker.print_to_stdstream(
+            {"lines": [warning], "pid": "raylet", "is_err": False}, ignore_prefix=False
+        )
+        ray_worker.print_to_stdstream(
+            {"lines": [warning, "a real error"], "pid": "raylet", "is_err": False},
+            ignore_prefix=False,
+        )
     finally:
         ray_worker.print_to_stdstream = original
     out = capsys.readouterr().out

@@ -25,8 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "cluster" / "local.sh"
 WORKERS = 1
 # Two actors of two users; one CPU each, so each of the two one-CPU nodes hosts one.
-CONFIG = ("dataset: mnist\nn_users: 4\nfraction: 0.5\nrounds: 2\ntau: 2\neval_every: 1\n"
-          "final_eval_draws: 2\nusers_per_actor: 2\ndata_transport: data_root\n")
+CONFIG = (
+    "dataset: mnist\nn_users: 4\nfraction: 0.5\nrounds: 2\ntau: 2\neval_every: 1\n"
+    "final_eval_draws: 2\nusers_per_actor: 2\ndata_transport: data_root\n"
+)
 
 
 def _free_base_port() -> int:
@@ -70,47 +72,90 @@ def cluster():
     # Short: Ray's Unix sockets live under it (a pytest tmp_path is too long for them).
     state = Path(tempfile.mkdtemp(prefix="prc-", dir="/tmp"))
     port = _free_base_port()
-    env = _env(PERFED_CLUSTER_DIR=str(state), PERFED_CLUSTER_PORT=str(port),
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_ADDRESS=None)
+    env = _env(
+        PERFED_CLUSTER_DIR=str(state),
+        PERFED_CLUSTER_PORT=str(port),
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_ADDRESS=None,
+    )
     try:
-        up = subprocess.run(["bash", str(LOCAL_SH), "up", str(WORKERS)], env=env,
-                            capture_output=True, text=True, timeout=240)
+        up = subprocess.run(
+            ["bash", str(LOCAL_SH), "up", str(WORKERS)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert up.returncode == 0, up.stdout + up.stderr
         yield f"127.0.0.1:{port}", env
     finally:
-        pids = [int(line.split()[0]) for line in (state / "pids").read_text().splitlines()] \
-            if (state / "pids").exists() else []
-        down = subprocess.run(["bash", str(LOCAL_SH), "down"], env=env, capture_output=True,
-                              text=True, timeout=120)
+        pids = (
+            [int(line.split()[0]) for line in (state / "pids").read_text().splitlines()]
+            if (state / "pids").exists()
+            else []
+        )
+        down = subprocess.run(
+            ["bash", str(LOCAL_SH), "down"], env=env, capture_output=True, text=True, timeout=120
+        )
         shutil.rmtree(state, ignore_errors=True)
         assert down.returncode == 0, down.stdout + down.stderr
         assert not [pid for pid in pids if _alive(pid)], "cluster processes left running"
 
 
 def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    result = _cli("run", "--set", "dataset=gaussian", "--set", "n_users=2", "--set", "fraction=0.5",
-                  "--address", f"127.0.0.1:{closed}", "--out", str(tmp_path / "out"),
-                  env=_env(), cwd=tmp_path)
+    result = _cli(
+        "run",
+        "--set",
+        "dataset=gaussian",
+        "--set",
+        "n_users=2",
+        "--set",
+        "fraction=0.5",
+        "--address",
+        f"127.0.0.1:{closed}",
+        "--out",
+        str(tmp_path / "out"),
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}")
+    )
 
 
-def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_session,
-                                                                 tmp_path):
+def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_session, tmp_path):
     address, env = cluster
     config = tmp_path / "mnist.yaml"
     config.write_text(CONFIG)
-    run = _cli("run", str(config), "--address", address, "--out", str(tmp_path / "cluster"),
-               "--quiet", env=env, cwd=tmp_path)
+    run = _cli(
+        "run",
+        str(config),
+        "--address",
+        address,
+        "--out",
+        str(tmp_path / "cluster"),
+        "--quiet",
+        env=env,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     assert "finished" in run.stdout
 
@@ -121,34 +166,51 @@ def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_s
     local = tmp_path / "local"
     simulation.run(simulation.prepare(load(config)), local)  # the session's plain ray.init
     for table, keys in (("rounds", ["round"]), ("evals", ["round", "user", "draw"])):
-        on_cluster, on_local = (pd.read_parquet(out / table).sort_values(keys)
-                                .reset_index(drop=True) for out in (tmp_path / "cluster", local))
-        metrics = (["train_loss"] if table == "rounds" else
-                   ["n_train", "n_test", "acc_before", "loss_before", "acc_after", "loss_after"])
-        pd.testing.assert_frame_equal(on_cluster[keys + metrics], on_local[keys + metrics],
-                                      check_exact=True)
+        on_cluster, on_local = (
+            pd.read_parquet(out / table).sort_values(keys).reset_index(drop=True)
+            for out in (tmp_path / "cluster", local)
+        )
+        metrics = (
+            ["train_loss"]
+            if table == "rounds"
+            else ["n_train", "n_test", "acc_before", "loss_before", "acc_after", "loss_after"]
+        )
+        pd.testing.assert_frame_equal(
+            on_cluster[keys + metrics], on_local[keys + metrics], check_exact=True
+        )
 
 
 def test_workers_run_the_drivers_code_shipped_through_runtime_env(cluster, tmp_path):
     address, env = cluster
-    probe = ("import ray\n"
-             "from perfed_ray.runtime.connect import connect\n"
-             f"connect({address!r})\n"
-             "@ray.remote(num_cpus=0.5, scheduling_strategy='SPREAD')\n"
-             "def where():\n"
-             "    import perfed_ray\n"
-             "    return ray.get_runtime_context().get_node_id(), perfed_ray.__file__\n"
-             "for node, path in set(ray.get([where.remote() for _ in range(4)])):\n"
-             "    print(node, path)\n")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=120)
+    probe = (
+        "import ray\n"
+        "from perfed_ray.runtime.connect import connect\n"
+        f"connect({address!r})\n"
+        "@ray.remote(num_cpus=0.5, scheduling_strategy='SPREAD')\n"
+        "def where():\n"
+        "    import perfed_ray\n"
+        "    return ray.get_runtime_context().get_node_id(), perfed_ray.__file__\n"
+        "for node, path in set(ray.get([where.remote() for _ in range(4)])):\n"
+        "    print(node, path)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     seen = [line.split() for line in result.stdout.splitlines()]
     assert seen and all("runtime_resources/py_modules_files" in path for _, path in seen)
 
 
-@pytest.mark.parametrize(("token", "via"), [(None, "RAY_ADDRESS"), ("wrong", "--address")],
-                         ids=["no token", "wrong token"])
+@pytest.mark.parametrize(
+    ("token", "via"),
+    [(None, "RAY_ADDRESS"), ("wrong", "--address")],
+    ids=["no token", "wrong token"],
+)
 def test_a_client_without_the_token_is_refused(cluster, tmp_path, token, via):
     address, env = cluster
     config = tmp_path / "easy.yaml"
@@ -163,8 +225,7 @@ def test_a_client_without_the_token_is_refused(cluster, tmp_path, token, via):
     if via == "RAY_ADDRESS":
         env["RAY_ADDRESS"] = address
     where = ["--address", address] if via == "--address" else []
-    result = _cli("run", str(config), *where, "--out", str(tmp_path / "out"), env=env,
-                  cwd=tmp_path)
+    result = _cli("run", str(config), *where, "--out", str(tmp_path / "out"), env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "refused this client's token" in errors[0], result.stderr

@@ -29,49 +29,97 @@ RAY_VERSION = "2.60.0"  # of every image and manifest here
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 _REPLICAS = {"type": "integer", "minimum": 0}
 _POD_TEMPLATE = {
-    "type": "object", "required": ["spec"],
-    "properties": {"spec": {
-        "type": "object", "required": ["containers"],
-        "properties": {"containers": {
-            "type": "array", "minItems": 1,
-            "items": {"type": "object", "required": ["name", "image"],
-                      "properties": {"name": {"type": "string"}, "image": {"type": "string"},
-                                     "env": {"type": "array"}}}}}}},
+    "type": "object",
+    "required": ["spec"],
+    "properties": {
+        "spec": {
+            "type": "object",
+            "required": ["containers"],
+            "properties": {
+                "containers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "image"],
+                        "properties": {
+                            "name": {"type": "string"},
+                            "image": {"type": "string"},
+                            "env": {"type": "array"},
+                        },
+                    },
+                }
+            },
+        }
+    },
 }
 _CLUSTER_SPEC = {
-    "type": "object", "required": ["headGroupSpec"],
+    "type": "object",
+    "required": ["headGroupSpec"],
     "properties": {
         "rayVersion": {"type": "string"},
-        "authOptions": {"type": "object", "required": ["mode"],
-                        "properties": {"mode": {"enum": ["disabled", "token"]}}},
+        "authOptions": {
+            "type": "object",
+            "required": ["mode"],
+            "properties": {"mode": {"enum": ["disabled", "token"]}},
+        },
         "enableInTreeAutoscaling": {"type": "boolean"},
-        "autoscalerOptions": {"type": "object",
-                              "properties": {"idleTimeoutSeconds": {"type": "integer"}}},
-        "headGroupSpec": {"type": "object", "required": ["template"],
-                          "properties": {"rayStartParams": _STRINGS,
-                                         "template": _POD_TEMPLATE}},
-        "workerGroupSpecs": {"type": "array", "items": {
-            "type": "object", "required": ["groupName", "template"],
-            "properties": {"groupName": {"type": "string"}, "replicas": _REPLICAS,
-                           "minReplicas": _REPLICAS, "maxReplicas": _REPLICAS,
-                           "rayStartParams": _STRINGS, "template": _POD_TEMPLATE}}},
+        "autoscalerOptions": {
+            "type": "object",
+            "properties": {"idleTimeoutSeconds": {"type": "integer"}},
+        },
+        "headGroupSpec": {
+            "type": "object",
+            "required": ["template"],
+            "properties": {"rayStartParams": _STRINGS, "template": _POD_TEMPLATE},
+        },
+        "workerGroupSpecs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["groupName", "template"],
+                "properties": {
+                    "groupName": {"type": "string"},
+                    "replicas": _REPLICAS,
+                    "minReplicas": _REPLICAS,
+                    "maxReplicas": _REPLICAS,
+                    "rayStartParams": _STRINGS,
+                    "template": _POD_TEMPLATE,
+                },
+            },
+        },
     },
 }
 _METADATA = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
 KUBERAY = {
-    "RayCluster": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-                   "properties": {"apiVersion": {"const": "ray.io/v1"}, "metadata": _METADATA,
-                                  "spec": _CLUSTER_SPEC}},
-    "RayJob": {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-               "properties": {"apiVersion": {"const": "ray.io/v1"}, "metadata": _METADATA,
-                              "spec": {"type": "object",
-                                       "required": ["entrypoint", "rayClusterSpec"],
-                                       "properties": {
-                                           "entrypoint": {"type": "string"},
-                                           "shutdownAfterJobFinishes": {"type": "boolean"},
-                                           "ttlSecondsAfterFinished": {"type": "integer"},
-                                           "activeDeadlineSeconds": {"type": "integer"},
-                                           "rayClusterSpec": _CLUSTER_SPEC}}}},
+    "RayCluster": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "ray.io/v1"},
+            "metadata": _METADATA,
+            "spec": _CLUSTER_SPEC,
+        },
+    },
+    "RayJob": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "ray.io/v1"},
+            "metadata": _METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["entrypoint", "rayClusterSpec"],
+                "properties": {
+                    "entrypoint": {"type": "string"},
+                    "shutdownAfterJobFinishes": {"type": "boolean"},
+                    "ttlSecondsAfterFinished": {"type": "integer"},
+                    "activeDeadlineSeconds": {"type": "integer"},
+                    "rayClusterSpec": _CLUSTER_SPEC,
+                },
+            },
+        },
+    },
 }
 MANIFESTS = sorted((CLUSTER / "kuberay").glob("*.yaml"))
 
@@ -151,8 +199,9 @@ def test_no_token_is_written_in_any_cluster_file():
 
 
 def test_every_image_and_the_package_agree_on_ray():
-    images = [c["image"] for doc in map(_manifest, MANIFESTS)
-              for c in _containers(_cluster_spec(doc))]
+    images = [
+        c["image"] for doc in map(_manifest, MANIFESTS) for c in _containers(_cluster_spec(doc))
+    ]
     assert set(images) == {"perfed-ray:0.1.0"}
     assert f"FROM rayproject/ray:{RAY_VERSION}-" in (CLUSTER / "Dockerfile").read_text()
     pins = re.findall(r'^\s*"(ray\[?[^"]*)",', (REPO / "pyproject.toml").read_text(), re.M)

@@ -17,9 +17,14 @@ from perfed_ray.registry import ALGORITHMS
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
 
-METHODS = [("fedavg", {}), ("perfedavg-fo", {}), ("perfedavg-hf", {}), ("perfedavg", {}),
-           ("perfedavg-hf", {"hf_delta": "normalized"}),
-           ("momentum:PersistentMomentum", {})]
+METHODS = [
+    ("fedavg", {}),
+    ("perfedavg-fo", {}),
+    ("perfedavg-hf", {}),
+    ("perfedavg", {}),
+    ("perfedavg-hf", {"hf_delta": "normalized"}),
+    ("momentum:PersistentMomentum", {}),
+]
 
 
 def _work(users: int, tau: int = 3, seed: int = 0):
@@ -35,8 +40,11 @@ def _run(name, values, engine, x, y, compile=False):
     algorithm = ALGORITHMS.load(name)(cfg)
     server = params_of(model)
     first = algorithm.init_user_state(server)
-    states = None if first is None else {
-        k: torch.stack([v + 0.01 * u for u in range(len(x))]) for k, v in first.items()}
+    states = (
+        None
+        if first is None
+        else {k: torch.stack([v + 0.01 * u for u in range(len(x))]) for k, v in first.items()}
+    )
     return make_engine(engine, algorithm, model, compile).run(server, x, y, states)
 
 
@@ -55,24 +63,25 @@ def _assert_close(got, expected):
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
 def test_engines_match_sequential(name, values, engine):
     x, y = _work(users=5)
-    _assert_close(_run(name, values, engine, x, y),
-                  _run(name, values, "sequential", x, y))
+    _assert_close(_run(name, values, engine, x, y), _run(name, values, "sequential", x, y))
 
 
 def test_fused_runs_more_users_than_a_block_in_blocks():
     from perfed_ray.engines.fused import BLOCK
 
     x, y = _work(users=BLOCK + 3, tau=2)
-    _assert_close(_run("perfedavg-hf", {}, "fused", x, y),
-                  _run("perfedavg-hf", {}, "sequential", x, y))
+    _assert_close(
+        _run("perfedavg-hf", {}, "fused", x, y), _run("perfedavg-hf", {}, "sequential", x, y)
+    )
 
 
 def test_compiled_fused_matches_sequential_for_several_block_sizes(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     for users in (3, 5):
         x, y = _work(users=users, tau=2, seed=users)
-        _assert_close(_run("fedavg", {}, "fused", x, y, compile=True),
-                      _run("fedavg", {}, "sequential", x, y))
+        _assert_close(
+            _run("fedavg", {}, "fused", x, y, compile=True), _run("fedavg", {}, "sequential", x, y)
+        )
 
 
 def test_fast_elu_is_elu():

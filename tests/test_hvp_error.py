@@ -12,8 +12,7 @@ def script():
     yield from experiment_script("hvp_error")
 
 
-def test_hf_is_close_to_exact_on_unit_inputs_and_meaningless_on_raw_ones_with_fixed_delta(
-        script):
+def test_hf_is_close_to_exact_on_unit_inputs_and_meaningless_on_raw_ones_with_fixed_delta(script):
     unit = script.trajectory_errors("mnist-tau10-alpha0.01", "unit", "fixed", 1, 2)
     raw = script.trajectory_errors("mnist-tau10-alpha0.01", "raw", "fixed", 1, 2)
     normalized = script.trajectory_errors("mnist-tau10-alpha0.01", "raw", "normalized", 1, 1)

@@ -56,13 +56,16 @@ def test_same_seed_same_split_other_seed_other_split(mnist):
     cfg = from_mapping({"dataset": "mnist", "paper_a": 196})
     a, b = partition(cfg, mnist), partition(cfg, mnist)
     c = partition(cfg.replace(seed=1), mnist)
-    assert all(np.array_equal(x.train, y.train) and np.array_equal(x.test, y.test)
-               for x, y in zip(a, b, strict=True))
+    assert all(
+        np.array_equal(x.train, y.train) and np.array_equal(x.test, y.test)
+        for x, y in zip(a, b, strict=True)
+    )
     assert not np.array_equal(a[0].train, c[0].train)
 
 
-@pytest.mark.parametrize("extra", [{"partition": "iid"},
-                                   {"partition": "dirichlet", "dirichlet_alpha": 0.3}])
+@pytest.mark.parametrize(
+    "extra", [{"partition": "iid"}, {"partition": "dirichlet", "dirichlet_alpha": 0.3}]
+)
 def test_iid_and_dirichlet_are_disjoint_and_share_out_everything(mnist, extra):
     users = partition(from_mapping({"dataset": "mnist", "n_users": 20, **extra}), mnist)
     _assert_disjoint(users, "train")

@@ -24,9 +24,18 @@ from perfed_ray.registry import ALGORITHMS
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 STATEFUL = "momentum:PersistentMomentum"
-TINY = {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
-        "eval_every": 2, "checkpoint_every": 2, "final_eval_draws": 2, "beta": 0.2,
-        "users_per_actor": 3}
+TINY = {
+    "dataset": "gaussian",
+    "n_users": 6,
+    "fraction": 0.5,
+    "rounds": 6,
+    "tau": 5,
+    "eval_every": 2,
+    "checkpoint_every": 2,
+    "final_eval_draws": 2,
+    "beta": 0.2,
+    "users_per_actor": 3,
+}
 
 
 def readme_example() -> str:
@@ -44,19 +53,21 @@ def on_path(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session,
-                                                                             on_path):
+def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session, on_path):
     assert len(readme_example().splitlines()) < 40
     tables = {}
     for engine in ("fused", "vmap"):
-        result = perfed_ray.simulate({**TINY, "algorithm": "reptile_fl:Reptile"},
-                                     on_path / engine, engine=engine)
+        result = perfed_ray.simulate(
+            {**TINY, "algorithm": "reptile_fl:Reptile"}, on_path / engine, engine=engine
+        )
         assert result.table("runs")["status"].tolist() == ["finished"]
         assert set(result.table("runs")["engine"]) == {engine}
         tables[engine] = result.table("evals").sort_values(["round", "user", "draw"])
-    pd.testing.assert_series_equal(tables["fused"]["loss_after"].reset_index(drop=True),
-                                   tables["vmap"]["loss_after"].reset_index(drop=True),
-                                   rtol=1e-4)
+    pd.testing.assert_series_equal(
+        tables["fused"]["loss_after"].reset_index(drop=True),
+        tables["vmap"]["loss_after"].reset_index(drop=True),
+        rtol=1e-4,
+    )
     acc = tables["fused"].groupby("round")["acc_after"].mean()
     assert acc[6] > acc[0] + 0.1  # it learns
 
@@ -74,8 +85,9 @@ def test_an_entry_point_registers_a_name(on_path, monkeypatch):
     dist = on_path / "reptile_fl-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reptile-fl\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[perfed_ray.algorithms]\nreptile = "
-                                           "reptile_fl:Reptile\n")
+    (dist / "entry_points.txt").write_text(
+        "[perfed_ray.algorithms]\nreptile = reptile_fl:Reptile\n"
+    )
     assert "reptile" in ALGORITHMS.names()
     assert from_mapping({"algorithm": "reptile"}).algorithm == "reptile"
     assert ALGORITHMS.load("reptile").__name__ == "Reptile"
@@ -86,8 +98,13 @@ def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.
     env.pop("PERFED_FAULT", None)
     if fault:
         env["PERFED_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +125,9 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
         pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
 
 
-def test_per_user_state_is_checkpointed_and_resumed_exactly(ray_session, stateful_reference,
-                                                            tmp_path):
+def test_per_user_state_is_checkpointed_and_resumed_exactly(
+    ray_session, stateful_reference, tmp_path
+):
     from perfed_ray.runtime.checkpoint import RunStore
 
     config = tmp_path / "run.yaml"
@@ -128,7 +146,8 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(ray_session, statefu
 
 
 def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
-        ray_session, stateful_reference, tmp_path, monkeypatch):
+    ray_session, stateful_reference, tmp_path, monkeypatch
+):
     monkeypatch.syspath_prepend(str(PLUGINS))
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
     perfed_ray.simulate({**TINY, "algorithm": STATEFUL, "engine": "fused"}, tmp_path)

@@ -26,10 +26,21 @@ from perfed_ray.runtime import simulation
 from perfed_ray.runtime.checkpoint import RunStore
 
 # Drop-outs and stragglers are on, so `events` has rows to compare too.
-CONFIG = {"dataset": "gaussian", "n_users": 4, "fraction": 1.0, "rounds": 8, "eval_every": 2,
-          "checkpoint_every": 3, "tau": 2, "beta": 0.2, "users_per_actor": 2,
-          "algorithm": "perfedavg-fo", "dropout": 0.2, "stragglers": 0.2,
-          "final_eval_draws": 2}
+CONFIG = {
+    "dataset": "gaussian",
+    "n_users": 4,
+    "fraction": 1.0,
+    "rounds": 8,
+    "eval_every": 2,
+    "checkpoint_every": 3,
+    "tau": 2,
+    "beta": 0.2,
+    "users_per_actor": 2,
+    "algorithm": "perfedavg-fo",
+    "dropout": 0.2,
+    "stragglers": 0.2,
+    "final_eval_draws": 2,
+}
 
 
 def _assert_same(out: Path, expected: dict[str, pd.DataFrame], failures: bool = False) -> None:
@@ -56,12 +67,16 @@ def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.
     env.pop("PERFED_FAULT", None)
     if fault:
         env["PERFED_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
-def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference,
-                                                                 tmp_path):
+def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference, tmp_path):
     address = ray_session.get_runtime_context().gcs_address
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
@@ -102,8 +117,9 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, ref
     assert again.returncode == 2 and "already finished all 8 rounds" in again.stderr
 
 
-def test_actor_killed_mid_round_is_replaced_with_identical_numbers(ray_session, reference,
-                                                                   tmp_path, monkeypatch):
+def test_actor_killed_mid_round_is_replaced_with_identical_numbers(
+    ray_session, reference, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
     simulation.run(simulation.prepare(from_mapping(CONFIG)), tmp_path)
     _assert_same(tmp_path, reference, failures=True)
@@ -114,12 +130,16 @@ def test_actor_killed_mid_round_is_replaced_with_identical_numbers(ray_session, 
     assert "replaced by incarnation 1" in died["detail"].iloc[0]
     actors = pd.read_parquet(tmp_path / "actors").sort_values(["actor", "incarnation"])
     assert actors[["actor", "incarnation", "from_round"]].values.tolist() == [
-        [0, 0, 0], [0, 1, 3], [1, 0, 0]]
+        [0, 0, 0],
+        [0, 1, 3],
+        [1, 0, 0],
+    ]
     assert actors["pid"].nunique() == 3  # the replacement is a new process
 
 
-def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(ray_session, tmp_path,
-                                                                    monkeypatch):
+def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(
+    ray_session, tmp_path, monkeypatch
+):
     from perfed_ray.runtime.pool import WorkFailed
 
     monkeypatch.setenv("PERFED_FAULT", "actor-always@2")  # every incarnation dies in round 2

@@ -22,23 +22,39 @@ METRICS = ["acc_before", "loss_before", "acc_after", "loss_after"]
 
 def _committed(algorithm: str) -> pd.Series:
     runs = read_runs(TABLE1)
-    match = runs[(runs["dataset"] == "mnist") & (runs["tau"] == 10) & (runs["seed"] == 0)
-                 & (runs["algorithm"] == algorithm) & (runs["adapt_on"] == "train")
-                 & (runs["input_scale"] == "unit") & (runs["hf_delta"] == "fixed")
-                 & (runs["status"] == "finished")]
+    match = runs[
+        (runs["dataset"] == "mnist")
+        & (runs["tau"] == 10)
+        & (runs["seed"] == 0)
+        & (runs["algorithm"] == algorithm)
+        & (runs["adapt_on"] == "train")
+        & (runs["input_scale"] == "unit")
+        & (runs["hf_delta"] == "fixed")
+        & (runs["status"] == "finished")
+    ]
     assert len(match) == 1, f"one committed run of {algorithm} expected"
     return match.iloc[0]
 
 
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
 @pytest.mark.parametrize("algorithm", ["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg"])
-def test_first_rounds_of_the_committed_table1_runs_are_reproduced(ray_session, tmp_path,
-                                                                  algorithm, engine):
+def test_first_rounds_of_the_committed_table1_runs_are_reproduced(
+    ray_session, tmp_path, algorithm, engine
+):
     run = _committed(algorithm)
-    values = {k: run[k].item() if isinstance(run[k], np.generic) else run[k]
-              for k in FIELDS if k in run and not pd.isna(run[k])}
-    values.update(data_root=None, rounds=ROUNDS, final_eval_draws=1, users_per_actor=25,
-                  engine=engine, compile=False)
+    values = {
+        k: run[k].item() if isinstance(run[k], np.generic) else run[k]
+        for k in FIELDS
+        if k in run and not pd.isna(run[k])
+    }
+    values.update(
+        data_root=None,
+        rounds=ROUNDS,
+        final_eval_draws=1,
+        users_per_actor=25,
+        engine=engine,
+        compile=False,
+    )
     simulation.run(simulation.prepare(from_mapping(values)), tmp_path)
 
     rounds = read_table(tmp_path, "rounds").sort_values("round")
@@ -52,8 +68,9 @@ def test_first_rounds_of_the_committed_table1_runs_are_reproduced(ray_session, t
     then = then[(then["round"] <= ROUNDS) & (then["draw"] == 0)].sort_values(keys)
     then = then.reset_index(drop=True)
     assert evals[keys].equals(then[keys])
-    np.testing.assert_allclose(evals[["loss_before", "loss_after"]],
-                               then[["loss_before", "loss_after"]], rtol=1e-4)
+    np.testing.assert_allclose(
+        evals[["loss_before", "loss_after"]], then[["loss_before", "loss_after"]], rtol=1e-4
+    )
     # An accuracy may flip by one test sample at most where logits nearly tie.
     gap = (evals[["acc_before", "acc_after"]] - then[["acc_before", "acc_after"]]).abs()
     assert (gap.mul(evals["n_test"], axis=0) <= 1 + 1e-9).all().all()

@@ -24,8 +24,12 @@ def report(tiny_results, tmp_path_factory):
 
 def _final(tiny_results, algorithm, input_scale="unit"):
     evals = pd.read_parquet(tiny_results / "evals")
-    return evals[evals["final"] & (evals["algorithm"] == algorithm)
-                 & (evals["input_scale"] == input_scale) & (evals["beta"] == 0.001)]
+    return evals[
+        evals["final"]
+        & (evals["algorithm"] == algorithm)
+        & (evals["input_scale"] == input_scale)
+        & (evals["beta"] == 0.001)
+    ]
 
 
 def _row(text: str, label: str, section: str) -> list[str]:
@@ -49,18 +53,22 @@ def test_table1_cells_are_means_over_seeds_with_both_intervals(tiny_results, rep
     assert fedavg.endswith(", 2 seeds") and hf.endswith(", 2 seeds")
     # The main table always shows Table 1's six rows, here not run, with the paper's figure.
     main_row = _row(text, "MNIST, tau=10, alpha=0.01", "Table 1 (protocol")
-    assert main_row == ["not run<br>paper 75.96", "not run<br>paper 78.00",
-                        "not run<br>paper 79.85", "not run"]
+    assert main_row == [
+        "not run<br>paper 75.96",
+        "not run<br>paper 78.00",
+        "not run<br>paper 79.85",
+        "not run",
+    ]
     assert "leaks test labels" in text
 
 
 def test_diverged_run_is_counted_never_averaged(report):
     _, dest = report
     text = (dest / "table1.md").read_text()
-    assert _row(text, "gaussian, tau=5, alpha=0.05", "beta = 2.0") == [
-        "**1 diverged** (round 2)"]
-    [standardized] = _row(text, "gaussian, tau=2, alpha=0.01, input standardize",
-                          "input_scale = standardize")
+    assert _row(text, "gaussian, tau=5, alpha=0.05", "beta = 2.0") == ["**1 diverged** (round 2)"]
+    [standardized] = _row(
+        text, "gaussian, tau=2, alpha=0.01, input standardize", "input_scale = standardize"
+    )
     assert standardized.endswith("1 seed") and "± n/a" in standardized
 
 
@@ -91,9 +99,11 @@ def test_report_command_and_its_errors(tiny_results, tmp_path, capsys):
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert main(["report", str(tmp_path / "missing")]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors == [f"error: no runs under '{tmp_path / 'empty'}': expected "
-                      f"{tmp_path / 'empty'}/runs/run_id=*/",
-                      f"error: results folder '{tmp_path / 'missing'}' does not exist"]
+    assert errors == [
+        f"error: no runs under '{tmp_path / 'empty'}': expected "
+        f"{tmp_path / 'empty'}/runs/run_id=*/",
+        f"error: results folder '{tmp_path / 'missing'}' does not exist",
+    ]
 
 
 def _run(**values) -> pd.Series:
@@ -102,25 +112,30 @@ def _run(**values) -> pd.Series:
     return pd.Series(cfg.to_dict())
 
 
-@pytest.mark.parametrize(("values", "section"), [
-    ({}, "main"),
-    ({"algorithm": "fedavg", "hf_delta": "normalized"}, "main"),  # no HF: hf_delta moot
-    ({"algorithm": "fedavg", "adapt_on": "test"}, "leaking"),
-    ({"input_scale": "raw"}, "study"),
-    ({"hf_delta": "normalized"}, "study"),
-    ({"rounds": 40, "users_per_actor": None, "tag": "x"}, "other: rounds = 40"),
-    ({"algorithm": "fedavg", "delta": 0.1}, "main"),
-    ({"delta": 0.1}, "other: delta = 0.1"),
-])
+@pytest.mark.parametrize(
+    ("values", "section"),
+    [
+        ({}, "main"),
+        ({"algorithm": "fedavg", "hf_delta": "normalized"}, "main"),  # no HF: hf_delta moot
+        ({"algorithm": "fedavg", "adapt_on": "test"}, "leaking"),
+        ({"input_scale": "raw"}, "study"),
+        ({"hf_delta": "normalized"}, "study"),
+        ({"rounds": 40, "users_per_actor": None, "tag": "x"}, "other: rounds = 40"),
+        ({"algorithm": "fedavg", "delta": 0.1}, "main"),
+        ({"delta": 0.1}, "other: delta = 0.1"),
+    ],
+)
 def test_sections_keep_variants_out_of_table1(values, section):
     assert section_of(_run(**values)) == section
 
 
 def test_a_cell_with_finished_and_diverged_seeds():
     cell = Cell([0.5, 0.7], [0.5, 0.5, 0.7, 0.7], diverged_rounds=[3], unfinished=1)
-    assert cell.text(55.0) == (f"60.00 ± {100 * T_975_1 * math.sqrt(0.02) / math.sqrt(2):.2f} "
-                               "[± 18.37], 2 seeds<br>paper 55.00 (+5.00)<br>"
-                               "**1 diverged** (round 3)<br>1 unfinished")
+    assert cell.text(55.0) == (
+        f"60.00 ± {100 * T_975_1 * math.sqrt(0.02) / math.sqrt(2):.2f} "
+        "[± 18.37], 2 seeds<br>paper 55.00 (+5.00)<br>"
+        "**1 diverged** (round 3)<br>1 unfinished"
+    )
     assert Cell().text(None) == "not run"
 
 
@@ -137,21 +152,35 @@ def test_the_study_shows_the_protocol_runs_beside_hf_with_normalized_delta():
     """The protocol's runs (main section) and HF with delta / ||g|| on the same inputs
     (study section) fill one study row, not two half-empty ones."""
     row = {"dataset": "cifar10", "paper_a": 68, "tau": 4, "alpha": 0.01}
-    runs = pd.DataFrame([
-        {**_run(**row, **values), "run_id": f"r{i}", "status": "finished",
-         "accuracy": accuracy, "draws": [accuracy], "rounds_done": 1000}
-        for i, (values, accuracy) in enumerate([
-            ({"algorithm": "fedavg"}, 0.6),
-            ({"algorithm": "perfedavg-hf", "hf_delta": "normalized"}, 0.5),
-            ({"algorithm": "perfedavg-hf", "input_scale": "standardize"}, 0.4)])])
+    runs = pd.DataFrame(
+        [
+            {
+                **_run(**row, **values),
+                "run_id": f"r{i}",
+                "status": "finished",
+                "accuracy": accuracy,
+                "draws": [accuracy],
+                "rounds_done": 1000,
+            }
+            for i, (values, accuracy) in enumerate(
+                [
+                    ({"algorithm": "fedavg"}, 0.6),
+                    ({"algorithm": "perfedavg-hf", "hf_delta": "normalized"}, 0.5),
+                    ({"algorithm": "perfedavg-hf", "input_scale": "standardize"}, 0.4),
+                ]
+            )
+        ]
+    )
     runs["section"] = runs.apply(section_of, axis=1)
     runs["method"] = runs.apply(method_of, axis=1)
     text = table1_markdown(runs)
     study = text.split("## Study")[1]
     assert [line.split(" |")[0] for line in study.splitlines() if line.startswith("| CIFAR")] == [
         "| CIFAR-10, tau=4, alpha=0.01, input unit (protocol)",
-        "| CIFAR-10, tau=4, alpha=0.01, input standardize"]
-    fedavg, hf, normalized = _row(text, "CIFAR-10, tau=4, alpha=0.01, input unit (protocol)",
-                                  "Study")
+        "| CIFAR-10, tau=4, alpha=0.01, input standardize",
+    ]
+    fedavg, hf, normalized = _row(
+        text, "CIFAR-10, tau=4, alpha=0.01, input unit (protocol)", "Study"
+    )
     assert fedavg.startswith("60.00 ± n/a") and normalized.startswith("50.00 ± n/a")
     assert hf == "not run<br>paper 46.32"

@@ -52,8 +52,10 @@ def test_synthetic_users_are_a_function_of_seed_and_id():
     c = synthetic_user(0, 1.0, 1.0, 8)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not np.array_equal(a[0][:5], c[0][:5])
-    sizes = [len(synthetic_user(0, 1.0, 1.0, u)[1]) + len(synthetic_user(0, 1.0, 1.0, u)[3])
-             for u in range(200)]
+    sizes = [
+        len(synthetic_user(0, 1.0, 1.0, u)[1]) + len(synthetic_user(0, 1.0, 1.0, u)[3])
+        for u in range(200)
+    ]
     assert min(sizes) >= 50 and max(sizes) > 5 * np.median(sizes)  # power law
     x_train, y_train, _, _ = a
     assert x_train.shape[1] == 60 and x_train.dtype == np.float32
@@ -68,10 +70,21 @@ def test_synthetic_needs_its_natural_partition():
 
 
 def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
-    cfg = from_mapping({"dataset": "synthetic", "partition": "natural", "n_users": 40,
-                        "fraction": 0.25, "rounds": 6, "eval_every": 3, "tau": 5,
-                        "beta": 0.05, "alpha": 0.01, "users_per_actor": "auto",
-                        "final_eval_draws": 1})
+    cfg = from_mapping(
+        {
+            "dataset": "synthetic",
+            "partition": "natural",
+            "n_users": 40,
+            "fraction": 0.25,
+            "rounds": 6,
+            "eval_every": 3,
+            "tau": 5,
+            "beta": 0.05,
+            "alpha": 0.01,
+            "users_per_actor": "auto",
+            "final_eval_draws": 1,
+        }
+    )
     prepared = simulation.prepare(cfg)
     assert prepared.data is None  # nothing about the data on the driver
     simulation.run(prepared, tmp_path)
@@ -96,8 +109,17 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     from perfed_ray.models import FlatParams, build_model, params_of
     from perfed_ray.runtime.placement import Placement
 
-    cfg = from_mapping({"dataset": "gaussian", "n_users": 4, "fraction": 0.5, "tau": 3,
-                        "alpha": 0.05, "algorithm": "perfedavg", "engine": "fused"})
+    cfg = from_mapping(
+        {
+            "dataset": "gaussian",
+            "n_users": 4,
+            "fraction": 0.5,
+            "tau": 3,
+            "alpha": 0.05,
+            "algorithm": "perfedavg",
+            "engine": "fused",
+        }
+    )
     prepared = simulation.prepare(cfg)
     actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
@@ -110,8 +132,9 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     shards = source.shards([0, 2, 3], torch.device("cpu"), prepared.data)
     learner = Learner(prepared.cfg.replace(engine="sequential"), model, shards)
     models, _ = learner.train(flat.unflatten(weights), [0, 2, 3], 5)
-    expected = {u: flat.flatten({k: v[i] for k, v in models.items()})
-                for i, u in enumerate((0, 2, 3))}
+    expected = {
+        u: flat.flatten({k: v[i] for k, v in models.items()}) for i, u in enumerate((0, 2, 3))
+    }
     assert result.count == 3 and result.weight == 3 and set(result.per_user) == {0, 2, 3}
     for u, vector in expected.items():
         np.testing.assert_allclose(result.per_user[u], vector, rtol=1e-5, atol=1e-6)
@@ -123,8 +146,16 @@ def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(r
     actor's total is sum n_i w_i and its weight sum n_i."""
     from perfed_ray.runtime.placement import Placement
 
-    cfg = from_mapping({"dataset": "gaussian", "partition": "dirichlet", "n_users": 4,
-                        "fraction": 0.5, "tau": 2, "aggregation": "samples"})
+    cfg = from_mapping(
+        {
+            "dataset": "gaussian",
+            "partition": "dirichlet",
+            "n_users": 4,
+            "fraction": 0.5,
+            "tau": 2,
+            "aggregation": "samples",
+        }
+    )
     prepared = simulation.prepare(cfg)
     actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     weights = simulation.initial_weights(cfg, prepared.source([0]))

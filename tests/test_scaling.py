@@ -16,8 +16,18 @@ CPU = torch.device("cpu")
 def _rgb() -> DataArrays:
     """Three channels with different statistics, the third constant."""
     rng = np.random.default_rng(0)
-    x = np.stack([rng.integers(0, 256, (500, 16)), rng.integers(100, 120, (500, 16)),
-                  np.full((500, 16), 7)], axis=1).reshape(500, -1).astype(np.uint8)
+    x = (
+        np.stack(
+            [
+                rng.integers(0, 256, (500, 16)),
+                rng.integers(100, 120, (500, 16)),
+                np.full((500, 16), 7),
+            ],
+            axis=1,
+        )
+        .reshape(500, -1)
+        .astype(np.uint8)
+    )
     y = np.zeros(500, dtype=np.int64)
     return DataArrays("rgb", x, y, x[:50], y[:50], (3, 4, 4), 10)
 
@@ -42,8 +52,9 @@ def test_standardize_gives_each_channel_of_the_training_set_mean_0_and_std_1():
     std = per_channel.std(dim=(0, 2), unbiased=False)
     torch.testing.assert_close(mean, torch.zeros(3, dtype=torch.float64), atol=1e-5, rtol=0)
     # The constant channel maps to 0, not to a division by zero.
-    torch.testing.assert_close(std, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        std, torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     expected = data.x_train.reshape(500, 3, 16).astype(np.float64)
     torch.testing.assert_close(scaling.offset, expected.mean(axis=(0, 2)))
     torch.testing.assert_close(scaling.divisor[:2], expected.std(axis=(0, 2))[:2])
@@ -67,8 +78,11 @@ def test_a_run_with_standardized_inputs(tiny_results):
     runs = pd.read_parquet(tiny_results / "runs")
     assert set(runs["input_scale"]) == {"unit", "standardize"}
     evals = pd.read_parquet(tiny_results / "evals")
-    start = evals[(evals["round"] == 0) & (evals["algorithm"] == "perfedavg-hf")
-                  & (evals["seed"] == 0)].groupby("input_scale")["loss_before"].mean()
+    start = (
+        evals[(evals["round"] == 0) & (evals["algorithm"] == "perfedavg-hf") & (evals["seed"] == 0)]
+        .groupby("input_scale")["loss_before"]
+        .mean()
+    )
     # The same initial model (same seed) sees different inputs: a different initial loss.
     assert start["unit"] != pytest.approx(start["standardize"], rel=1e-3)
     assert (runs.loc[runs["input_scale"] == "standardize", "status"] == "finished").all()

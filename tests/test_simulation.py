@@ -9,10 +9,28 @@ from perfed_ray.analysis import final_accuracy, read_table
 from perfed_ray.config import from_mapping
 from perfed_ray.runtime import simulation
 
-EASY = {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 12, "eval_every": 4,
-        "tau": 5, "alpha": 0.05, "beta": 0.2, "final_eval_draws": 3}
-CONFIG_COLUMNS = ["dataset", "algorithm", "alpha", "beta", "tau", "n_users", "fraction",
-                  "partition", "seed"]
+EASY = {
+    "dataset": "gaussian",
+    "n_users": 6,
+    "fraction": 0.5,
+    "rounds": 12,
+    "eval_every": 4,
+    "tau": 5,
+    "alpha": 0.05,
+    "beta": 0.2,
+    "final_eval_draws": 3,
+}
+CONFIG_COLUMNS = [
+    "dataset",
+    "algorithm",
+    "alpha",
+    "beta",
+    "tau",
+    "n_users",
+    "fraction",
+    "partition",
+    "seed",
+]
 
 
 def _run(tmp_path, **values):
@@ -35,7 +53,8 @@ def test_run_writes_all_three_tables_and_learns(ray_session, tmp_path):
     # Rows are appended to one file per table and run, rewritten at every flush.
     for table in ("runs", "rounds", "evals"):
         assert [p.name for p in (tmp_path / table / f"run_id={run_id}").iterdir()] == [
-            "part-0.parquet"]
+            "part-0.parquet"
+        ]
 
     evals = pd.read_parquet(tmp_path / "evals")
     per_round = evals.groupby("round").size().to_dict()
@@ -60,8 +79,13 @@ def _results(out):
 
 
 def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session, tmp_path):
-    values = {"algorithm": "perfedavg-hf", "rounds": 4, "eval_every": 2, "final_eval_draws": 2,
-              "engine": "sequential"}
+    values = {
+        "algorithm": "perfedavg-hf",
+        "rounds": 4,
+        "eval_every": 2,
+        "final_eval_draws": 2,
+        "engine": "sequential",
+    }
     _run(tmp_path / "one", users_per_actor=1, **values)
     _run(tmp_path / "packed", users_per_actor=4, **values)  # blocks of 4 and 2 users
     (r1, e1), (r2, e2) = _results(tmp_path / "one"), _results(tmp_path / "packed")
@@ -84,19 +108,24 @@ def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine)
     (r1, e1), (r2, e2) = _results(tmp_path / "seq"), _results(tmp_path / engine)
     assert set(read_table(tmp_path / engine, "runs")["engine"]) == {engine}
     pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=1e-5)
-    pd.testing.assert_frame_equal(e1[["loss_before", "loss_after"]],
-                                  e2[["loss_before", "loss_after"]], rtol=1e-4)
+    pd.testing.assert_frame_equal(
+        e1[["loss_before", "loss_after"]], e2[["loss_before", "loss_after"]], rtol=1e-4
+    )
     # An accuracy may flip by one test sample at most where logits nearly tie.
     gap = (e1["acc_after"] - e2["acc_after"]).abs() * e1["n_test"]
     assert (gap <= 1 + 1e-9).all()
 
 
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
-def test_each_engine_gives_the_same_numbers_whatever_the_placement(ray_session, tmp_path,
-                                                                   engine):
+def test_each_engine_gives_the_same_numbers_whatever_the_placement(ray_session, tmp_path, engine):
     """Users trained in blocks of other sizes, on other actors, get the same numbers."""
-    values = {"algorithm": "perfedavg-hf", "rounds": 3, "eval_every": 3, "final_eval_draws": 1,
-              "engine": engine}
+    values = {
+        "algorithm": "perfedavg-hf",
+        "rounds": 3,
+        "eval_every": 3,
+        "final_eval_draws": 1,
+        "engine": engine,
+    }
     _run(tmp_path / "one", users_per_actor=1, **values)
     _run(tmp_path / "packed", users_per_actor=4, **values)
     (r1, e1), (r2, e2) = _results(tmp_path / "one"), _results(tmp_path / "packed")
@@ -115,9 +144,19 @@ def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
 
 
 def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
-    cfg = from_mapping({"dataset": "mnist", "n_users": 4, "fraction": 0.25, "rounds": 2, "tau": 2,
-                        "eval_every": 1, "final_eval_draws": 2,
-                        "data_transport": "data_root", "users_per_actor": 2})
+    cfg = from_mapping(
+        {
+            "dataset": "mnist",
+            "n_users": 4,
+            "fraction": 0.25,
+            "rounds": 2,
+            "tau": 2,
+            "eval_every": 1,
+            "final_eval_draws": 2,
+            "data_transport": "data_root",
+            "users_per_actor": 2,
+        }
+    )
     prepared = simulation.prepare(cfg)
     assert prepared.cfg.paper_a == 196  # auto resolved and stored
     simulation.run(prepared, tmp_path)

@@ -14,13 +14,26 @@ def table1():
     yield from experiment_script("table1")
 
 
-def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, tiny_results,
-                                                                      tmp_path):
+def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(
+    table1, tiny_results, tmp_path
+):
     row = {k: v for k, v in TINY.items() if k != "users_per_actor"}  # how, not what, it runs
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(row))
-    (tmp_path / "diverges.yaml").write_text(yaml.safe_dump(
-        {"dataset": "gaussian", "n_users": 6, "fraction": 0.5, "rounds": 6, "tau": 5,
-         "eval_every": 6, "alpha": 0.05, "beta": 2.0, "final_eval_draws": 3}))
+    (tmp_path / "diverges.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "dataset": "gaussian",
+                "n_users": 6,
+                "fraction": 0.5,
+                "rounds": 6,
+                "tau": 5,
+                "eval_every": 6,
+                "alpha": 0.05,
+                "beta": 2.0,
+                "final_eval_draws": 3,
+            }
+        )
+    )
     runs = read_runs(tiny_results)
     cells = table1.grid(tmp_path, 3, False, ["fedavg", "perfedavg-hf"])
     states = {cell.name(): table1.state(cell, runs)[0] for cell in cells}
@@ -31,9 +44,12 @@ def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, ti
     assert states["diverges algorithm=perfedavg-hf seed=0"] == "done"  # would diverge again
     assert states["diverges algorithm=fedavg seed=0"] == "todo"
     assert states["tiny algorithm=fedavg adapt_on=test seed=0"] == "todo"
-    scaled = [table1.Cell(tmp_path / "tiny.yaml", ("algorithm=perfedavg-hf", "seed=0",
-                                                   f"input_scale={s}"))
-              for s in ("standardize", "raw")]
+    scaled = [
+        table1.Cell(
+            tmp_path / "tiny.yaml", ("algorithm=perfedavg-hf", "seed=0", f"input_scale={s}")
+        )
+        for s in ("standardize", "raw")
+    ]
     assert [table1.state(c, runs)[0] for c in scaled] == ["done", "todo"]
     # users_per_actor=auto is how the cell runs; the measured speed prices the rest.
     todo = next(c for c in cells if c.name() == "tiny algorithm=fedavg seed=2")
@@ -44,10 +60,12 @@ def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(table1, ti
     like = measured[(measured["algorithm"] == "fedavg") & (measured["dataset"] == "gaussian")]
     assert set(like["tau"]) == {TINY["tau"]}
     assert table1.estimate(todo, measured) == pytest.approx(
-        like["per_round"].median() * TINY["rounds"])
+        like["per_round"].median() * TINY["rounds"]
+    )
     other_tau = table1.Cell(todo.config, (*todo.sets, "tau=6"))
     assert table1.estimate(other_tau, measured) == pytest.approx(
-        (like["per_round"] / like["tau"]).median() * 6 * TINY["rounds"])
+        (like["per_round"] / like["tau"]).median() * 6 * TINY["rounds"]
+    )
 
 
 def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
@@ -57,8 +75,10 @@ def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
     # 2 rows x (2 scales x 3 algorithms + 3 scales x normalized HF) x 3 seeds.
     assert lines[-1].startswith("144 cells, 0 done, 144 to run: about ")
     assert sum(line.startswith("todo") for line in lines) == 144
-    assert "todo   cifar10-tau4-alpha0.01-diff algorithm=perfedavg-hf input_scale=raw " \
-           "hf_delta=normalized seed=2" in lines
+    assert (
+        "todo   cifar10-tau4-alpha0.01-diff algorithm=perfedavg-hf input_scale=raw "
+        "hf_delta=normalized seed=2" in lines
+    )
     assert not (tmp_path / "none").exists()  # a dry run writes nothing
     assert table1.main(["--dry-run", "--study-only", "--out", str(tmp_path / "none")]) == 0
     lines = capsys.readouterr().out.splitlines()

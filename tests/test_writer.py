@@ -15,8 +15,16 @@ from perfed_ray.runtime.checkpoint import RunStore
 
 
 def _round(k: int) -> dict[str, object]:
-    return {"round": k, "users": [k], "n_sampled": 1, "n_reported": 1, "train_loss": 0.5,
-            "wall_seconds": 0.1, "bytes_sent": 8, "bytes_received": 8}
+    return {
+        "round": k,
+        "users": [k],
+        "n_sampled": 1,
+        "n_reported": 1,
+        "train_loss": 0.5,
+        "wall_seconds": 0.1,
+        "bytes_sent": 8,
+        "bytes_received": 8,
+    }
 
 
 def test_flushes_append_to_one_file_and_resume_cuts_back_to_the_checkpoint(tmp_path):
@@ -46,8 +54,7 @@ def test_flushes_append_to_one_file_and_resume_cuts_back_to_the_checkpoint(tmp_p
 def test_a_checkpoint_that_counts_part_files_is_refused_before_anything_is_deleted(tmp_path):
     store = RunStore(tmp_path, "old")
     store.folder.mkdir(parents=True)
-    meta = json.dumps({"round": 20, "parts": {"rounds": 2}, "wall_seconds": 1.0,
-                       "accuracy": None})
+    meta = json.dumps({"round": 20, "parts": {"rounds": 2}, "wall_seconds": 1.0, "accuracy": None})
     with open(store.folder / "checkpoint.npz", "wb") as file:
         np.savez(file, weights=np.zeros(3), meta=np.array(meta))
     with pytest.raises(ConfigError, match="older than one results file per table"):

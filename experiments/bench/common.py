@@ -18,12 +18,19 @@ RESULTS = HERE / "results"
 def machine() -> dict[str, object]:
     """The facts a reader needs to compare figures across machines."""
     lines = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in lines
-                if line.startswith("model name")), platform.processor())
-    return {"hostname": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-            "python": platform.python_version(), "torch": torch.__version__,
-            "ray": ray.__version__}
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        platform.processor(),
+    )
+    return {
+        "hostname": socket.gethostname(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+    }
 
 
 def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:

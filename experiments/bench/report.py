@@ -1,6 +1,6 @@
 """Write BENCHMARKS.md from the benchmark Parquet files, with the targets beside them.
 
-    python experiments/bench/report.py
+python experiments/bench/report.py
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from common import HERE, RESULTS
 
 def _markdown(frame: pd.DataFrame) -> str:
     cells = [list(map(str, frame.columns))]
-    cells += [[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row]
-              for row in frame.itertuples(index=False)]
+    cells += [
+        [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row]
+        for row in frame.itertuples(index=False)
+    ]
     lines = ["| " + " | ".join(row) + " |" for row in cells]
     lines.insert(1, "|" + "|".join(" --- " for _ in frame.columns) + "|")
     return "\n".join(lines)
@@ -20,8 +22,10 @@ def _markdown(frame: pd.DataFrame) -> str:
 
 def _machine(frame: pd.DataFrame) -> str:
     m = frame.iloc[0]
-    return (f"Machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu']}; Python {m['python']}, "
-            f"torch {m['torch']}, Ray {m['ray']}.")
+    return (
+        f"Machine: {m['cpu']}, {m['cores']} cores, GPU {m['gpu']}; Python {m['python']}, "
+        f"torch {m['torch']}, Ray {m['ray']}."
+    )
 
 
 def throughput_section() -> list[str]:
@@ -31,26 +35,43 @@ def throughput_section() -> list[str]:
     frame = pd.read_parquet(path)
     engines = frame[frame["kind"] == "engine"]
     order = list(dict.fromkeys(engines["mode"]))
-    cells = engines.assign(cell=[f"{r:,.0f} ({100 * s:.0f}%)" for r, s in
-                                 zip(engines["user_steps_per_second"], engines["share_of_peak"],
-                                     strict=True)])
+    cells = engines.assign(
+        cell=[
+            f"{r:,.0f} ({100 * s:.0f}%)"
+            for r, s in zip(engines["user_steps_per_second"], engines["share_of_peak"], strict=True)
+        ]
+    )
     table = cells.pivot(index="mode", columns="algorithm", values="cell").loc[order]
-    table = table[[a for a in ("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg")
-                   if a in table.columns]].reset_index()
+    table = table[
+        [a for a in ("fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg") if a in table.columns]
+    ].reset_index()
     gemm = frame[frame["kind"] == "gemm"].sort_values("threads")
-    peaks = ", ".join(f"{f / 1e9:.0f} GFLOP/s on {int(t)} thread{'s' * (t > 1)}"
-                      for t, f in zip(gemm["threads"], gemm["flops_per_second"], strict=True))
-    lines = ["## Throughput: user-steps per second, MNIST workload", "",
-             "`python experiments/bench/throughput.py` (MLP 80-60, batch 40, tau = 10, "
-             f"10 users per round, median over {int(engines['rounds'].iloc[0])} rounds after "
-             "the first; see the script's docstring). In brackets: the share of the GEMM "
-             f"peak measured in the same run ({peaks}) that the paper's arithmetic at that "
-             "rate takes.", "", _machine(frame), "", _markdown(table)]
+    peaks = ", ".join(
+        f"{f / 1e9:.0f} GFLOP/s on {int(t)} thread{'s' * (t > 1)}"
+        for t, f in zip(gemm["threads"], gemm["flops_per_second"], strict=True)
+    )
+    lines = [
+        "## Throughput: user-steps per second, MNIST workload",
+        "",
+        "`python experiments/bench/throughput.py` (MLP 80-60, batch 40, tau = 10, "
+        f"10 users per round, median over {int(engines['rounds'].iloc[0])} rounds after "
+        "the first; see the script's docstring). In brackets: the share of the GEMM "
+        f"peak measured in the same run ({peaks}) that the paper's arithmetic at that "
+        "rate takes.",
+        "",
+        _machine(frame),
+        "",
+        _markdown(table),
+    ]
     whole = frame[frame["kind"] == "whole-run"]
     if not whole.empty:
-        lines += ["", "Whole runs (one process each, Ray started and stopped inside; "
-                  "`rounds_seconds`: the sum of the run's rounds, from its `rounds` table):",
-                  "", _markdown(whole[["mode", "seconds", "rounds_seconds"]])]
+        lines += [
+            "",
+            "Whole runs (one process each, Ray started and stopped inside; "
+            "`rounds_seconds`: the sum of the run's rounds, from its `rounds` table):",
+            "",
+            _markdown(whole[["mode", "seconds", "rounds_seconds"]]),
+        ]
     return lines
 
 
@@ -59,17 +80,32 @@ def scale_section() -> list[str]:
     if not path.exists():
         return ["## Scale", "", "Not run yet: `python experiments/bench/scale.py`."]
     frame = pd.read_parquet(path)
-    cols = ["n_users", "users_per_round", "n_actors", "startup_seconds", "seconds_per_round",
-            "driver_peak_gb", "actors_peak_gb", "wall_seconds"]
+    cols = [
+        "n_users",
+        "users_per_round",
+        "n_actors",
+        "startup_seconds",
+        "seconds_per_round",
+        "driver_peak_gb",
+        "actors_peak_gb",
+        "wall_seconds",
+    ]
     frame = frame.copy()
     base = frame.loc[frame["n_users"].idxmin(), "seconds_per_round"]
     frame["round_time_vs_smallest"] = frame["seconds_per_round"] / base
     frame["all_processes_gb"] = frame["driver_peak_gb"] + frame["actors_peak_gb"]
-    return ["## Scale: Synthetic(1, 1), 100 users per round", "",
-            "`python experiments/bench/scale.py` (Per-FedAvg (HF), MLP, batch 40, tau = 10, "
-            "users_per_actor auto, batched training).", "", _machine(frame), "",
-            _markdown(frame[[*cols, "round_time_vs_smallest", "all_processes_gb"]]), "",
-            *([LARGEST] if frame["n_users"].max() < 100_000 else [])]
+    return [
+        "## Scale: Synthetic(1, 1), 100 users per round",
+        "",
+        "`python experiments/bench/scale.py` (Per-FedAvg (HF), MLP, batch 40, tau = 10, "
+        "users_per_actor auto, batched training).",
+        "",
+        _machine(frame),
+        "",
+        _markdown(frame[[*cols, "round_time_vs_smallest", "all_processes_gb"]]),
+        "",
+        *([LARGEST] if frame["n_users"].max() < 100_000 else []),
+    ]
 
 
 LARGEST = """n = 100,000 was not run: the actors' memory grows by about 1 GB from 100 to
@@ -132,44 +168,72 @@ def targets() -> list[str]:
         for algorithm, goal in (("perfedavg-hf", 2000), ("fedavg", 6000)):
             rate = _rate(engines, algorithm, "ray ")
             if rate is not None:
-                rows.append((f"{algorithm} on 2 cores, steady state >= {goal:,} user-steps/s",
-                             f"{rate:,.0f}", rate >= goal))
+                rows.append(
+                    (
+                        f"{algorithm} on 2 cores, steady state >= {goal:,} user-steps/s",
+                        f"{rate:,.0f}",
+                        rate >= goal,
+                    )
+                )
         whole = t[t["kind"] == "whole-run"].set_index("mode")["seconds"]
         quick = [s for m, s in whole.items() if m.startswith("quick start")]
         if quick:
-            rows.append(("quick start (1000 rounds of HF), command to summary < 120 s",
-                         f"{quick[0]:.0f} s", quick[0] < 120))
+            rows.append(
+                (
+                    "quick start (1000 rounds of HF), command to summary < 120 s",
+                    f"{quick[0]:.0f} s",
+                    quick[0] < 120,
+                )
+            )
         run = [s for m, s in whole.items() if m.startswith("perfed-ray run, 300")]
         loop = [s for m, s in whole.items() if m.startswith("single-thread loop, 300")]
         if run and loop:
-            rows.append(("a whole 300-round run >= 4x faster than the single-thread loop",
-                         f"{loop[0] / run[0]:.1f}x", loop[0] / run[0] >= 4))
+            rows.append(
+                (
+                    "a whole 300-round run >= 4x faster than the single-thread loop",
+                    f"{loop[0] / run[0]:.1f}x",
+                    loop[0] / run[0] >= 4,
+                )
+            )
     path = RESULTS / "scale.parquet"
     if path.exists():
         sc = pd.read_parquet(path).set_index("n_users")
         if 100 in sc.index and 10_000 in sc.index:
             ratio = sc.loc[10_000, "seconds_per_round"] / sc.loc[100, "seconds_per_round"]
-            rows.append(("s/round at n = 10,000 <= 1.2x n = 100", f"{ratio:.2f}x",
-                         ratio <= 1.2))
+            rows.append(("s/round at n = 10,000 <= 1.2x n = 100", f"{ratio:.2f}x", ratio <= 1.2))
             start = sc.loc[10_000, "startup_seconds"]
             rows.append(("start-up for 10,000 users < 60 s", f"{start:.1f} s", start < 60))
             gb = sc.loc[10_000, "driver_peak_gb"] + sc.loc[10_000, "actors_peak_gb"]
             rows.append(("all processes < 6 GB at 10,000 users", f"{gb:.2f} GB", gb < 6))
     lines = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {text} | {value} | {'yes' if ok else 'no'} |" for text, value, ok in rows]
-    lines.append("| one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors) "
-                 "| not measured (no GPU lent) | - |")
+    lines.append(
+        "| one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors) "
+        "| not measured (no GPU lent) | - |"
+    )
     lines += ["", *NOTES]
     return lines
 
 
 def write_report() -> None:
-    lines = ["# Benchmarks", "", "Made by `python experiments/bench/report.py` from "
-             "`experiments/bench/results/*.parquet`; each section names the command that "
-             "measured it. Figures are from the machine named in each section. The targets are "
-             "those of the issues \"Thousands of users\" (scale) and \"An open core\" "
-             "(throughput).", "", *targets(), "",
-             *throughput_section(), "", *scale_section(), "", GPU, ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Made by `python experiments/bench/report.py` from "
+        "`experiments/bench/results/*.parquet`; each section names the command that "
+        "measured it. Figures are from the machine named in each section. The targets are "
+        'those of the issues "Thousands of users" (scale) and "An open core" '
+        "(throughput).",
+        "",
+        *targets(),
+        "",
+        *throughput_section(),
+        "",
+        *scale_section(),
+        "",
+        GPU,
+        "",
+    ]
     (HERE / "BENCHMARKS.md").write_text("\n".join(lines))
 
 

@@ -39,24 +39,41 @@ def main() -> None:
         args.users, args.rounds = [100], 2
     rows = []
     for n in args.users:
-        cfg = from_mapping({"dataset": "synthetic", "partition": "natural", "n_users": n,
-                            "fraction": 100 / n, "algorithm": args.algorithm,
-                            "rounds": args.rounds, "eval_every": 10**6, "alpha": 0.01,
-                            "beta": 0.01, "final_eval_draws": 1, "users_per_actor": "auto"})
+        cfg = from_mapping(
+            {
+                "dataset": "synthetic",
+                "partition": "natural",
+                "n_users": n,
+                "fraction": 100 / n,
+                "algorithm": args.algorithm,
+                "rounds": args.rounds,
+                "eval_every": 10**6,
+                "alpha": 0.01,
+                "beta": 0.01,
+                "final_eval_draws": 1,
+                "users_per_actor": "auto",
+            }
+        )
         with tempfile.TemporaryDirectory() as out:
             clock = time.perf_counter()
             simulation.run(simulation.prepare(cfg), out)
             wall = time.perf_counter() - clock
             rounds, runs = read_table(out, "rounds"), read_table(out, "runs")
         run = runs.iloc[0]
-        rows.append({"n_users": n, "users_per_round": cfg.users_per_round,
-                     "algorithm": args.algorithm, "rounds": args.rounds,
-                     "n_actors": int(run["n_actors"]),
-                     "startup_seconds": float(run["startup_seconds"]),
-                     "seconds_per_round": float(rounds["wall_seconds"].median()),
-                     "driver_peak_gb": run["driver_peak_memory_bytes"] / 2**30,
-                     "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
-                     "wall_seconds": wall})
+        rows.append(
+            {
+                "n_users": n,
+                "users_per_round": cfg.users_per_round,
+                "algorithm": args.algorithm,
+                "rounds": args.rounds,
+                "n_actors": int(run["n_actors"]),
+                "startup_seconds": float(run["startup_seconds"]),
+                "seconds_per_round": float(rounds["wall_seconds"].median()),
+                "driver_peak_gb": run["driver_peak_memory_bytes"] / 2**30,
+                "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
+                "wall_seconds": wall,
+            }
+        )
         print(rows[-1], flush=True)
     save(rows, "scale", args.out)
     if args.out == RESULTS:

@@ -84,8 +84,9 @@ def label(engine: str, compile_: bool) -> str:
     return engine + (" + compile" if compile_ else "")
 
 
-def in_process(cfg, prepared, engine: str, compile_: bool, threads: int,
-               rounds: int) -> list[float]:
+def in_process(
+    cfg, prepared, engine: str, compile_: bool, threads: int, rounds: int
+) -> list[float]:
     """Seconds per round of one process training each round's users in one engine call
     and averaging them (no Ray); the first round is dropped (compilation)."""
     torch.set_num_threads(threads)
@@ -104,17 +105,20 @@ def in_process(cfg, prepared, engine: str, compile_: bool, threads: int,
     return seconds[1:]
 
 
-def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int,
-           cpus_per_actor: float | None = None) -> list[float]:
+def on_ray(
+    cfg, prepared, engine: str, compile_: bool, rounds: int, cpus_per_actor: float | None = None
+) -> list[float]:
     """Seconds per round of a perfed-ray run (default placement, or actors of
     `cpus_per_actor` CPUs); the first round is dropped."""
     from perfed_ray.analysis import read_table
 
-    run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1,
-                          num_cpus_per_actor=cpus_per_actor)
+    run_cfg = cfg.replace(
+        engine=engine, compile=compile_, rounds=rounds + 1, num_cpus_per_actor=cpus_per_actor
+    )
     with tempfile.TemporaryDirectory() as out:
-        simulation.run(simulation.Prepared(run_cfg, prepared.data, prepared.users,
-                                           prepared.scaling), out)
+        simulation.run(
+            simulation.Prepared(run_cfg, prepared.data, prepared.users, prepared.scaling), out
+        )
         table = read_table(out, "rounds")
     return table.sort_values("round")["wall_seconds"].tolist()[1:]
 
@@ -126,12 +130,26 @@ def timed_cli(sets: list[str]) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "perfed_ray.cli", "run", str(CONFIG),
-                        *[a for s in sets for a in ("--set", s)], "--out", out, "--quiet"],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "perfed_ray.cli",
+                "run",
+                str(CONFIG),
+                *[a for s in sets for a in ("--set", s)],
+                "--out",
+                out,
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         seconds = time.perf_counter() - start
-        return {"seconds": seconds,
-                "rounds_seconds": float(read_table(out, "rounds")["wall_seconds"].sum())}
+        return {
+            "seconds": seconds,
+            "rounds_seconds": float(read_table(out, "rounds")["wall_seconds"].sum()),
+        }
 
 
 def plain_loop_run(rounds: int) -> float:
@@ -147,8 +165,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
     parser.add_argument("--no-whole-runs", action="store_true")
-    parser.add_argument("--smoke", action="store_true",
-                        help="2 rounds of FedAvg, 3 users, tau 2, no compilation, no whole runs")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 rounds of FedAvg, 3 users, tau 2, no compilation, no whole runs",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     sets = ["eval_every=1000000", "final_eval_draws=1"]
@@ -158,25 +179,41 @@ def main() -> None:
         sets += ["n_users=6", "fraction=0.5", "tau=2"]
         engines = [e for e in ENGINES if not e[1]]
     cores = os.cpu_count() or 1
-    peak = {1: gemm_peak(1, 0.5 if args.smoke else 2.0),
-            cores: gemm_peak(cores, 0.5 if args.smoke else 2.0)}
-    rows = [{"kind": "gemm", "mode": f"GEMM peak, {t} thread{'s' * (t > 1)}", "threads": t,
-             "flops_per_second": f} for t, f in peak.items()]
-    print(f"GEMM peak: {peak[1] / 1e9:.1f} GFLOP/s on 1 thread, "
-          f"{peak[cores] / 1e9:.1f} on {cores}", flush=True)
+    peak = {
+        1: gemm_peak(1, 0.5 if args.smoke else 2.0),
+        cores: gemm_peak(cores, 0.5 if args.smoke else 2.0),
+    }
+    rows = [
+        {
+            "kind": "gemm",
+            "mode": f"GEMM peak, {t} thread{'s' * (t > 1)}",
+            "threads": t,
+            "flops_per_second": f,
+        }
+        for t, f in peak.items()
+    ]
+    print(
+        f"GEMM peak: {peak[1] / 1e9:.1f} GFLOP/s on 1 thread, {peak[cores] / 1e9:.1f} on {cores}",
+        flush=True,
+    )
     for algorithm in args.algorithms:
         prepared = simulation.prepare(load(CONFIG, [*sets, f"algorithm={algorithm}"]))
         cfg = prepared.cfg
         steps = cfg.users_per_round * cfg.tau
         model = simulation.initial_model(cfg, prepared.source([]))
         flops = GRADIENTS[algorithm] * gradient_flops(model, cfg.batch_size)
-        modes = [("loop, 1 thread", 1, "sequential", False),
-                 ("loop, all threads", cores, "sequential", False),
-                 *[(f"{label(e, c)}, 1 thread", 1, e, c) for e, c in engines],
-                 ("fused, all threads", cores, "fused", False),
-                 *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
-                 *[(f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
-                   for e, c in engines if e == "fused"]]
+        modes = [
+            ("loop, 1 thread", 1, "sequential", False),
+            ("loop, all threads", cores, "sequential", False),
+            *[(f"{label(e, c)}, 1 thread", 1, e, c) for e, c in engines],
+            ("fused, all threads", cores, "fused", False),
+            *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
+            *[
+                (f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
+                for e, c in engines
+                if e == "fused"
+            ],
+        ]
         for mode, threads, engine, compile_ in modes:
             if not mode.startswith("ray "):
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
@@ -185,25 +222,46 @@ def main() -> None:
                 seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, one_actor)
             per_round = float(np.median(seconds))
             rate = steps / per_round
-            rows.append({"kind": "engine", "algorithm": algorithm, "mode": mode,
-                         "threads": threads, "rounds": args.rounds,
-                         "users_per_round": cfg.users_per_round, "tau": cfg.tau,
-                         "seconds_per_round": per_round, "user_steps_per_second": rate,
-                         "flops_per_user_step": flops,
-                         "share_of_peak": rate * flops / peak[threads]})
-            print(f"{algorithm:13} {mode:28} {rate:8.1f} user-steps/s "
-                  f"({100 * rate * flops / peak[threads]:.0f}% of the GEMM peak)", flush=True)
+            rows.append(
+                {
+                    "kind": "engine",
+                    "algorithm": algorithm,
+                    "mode": mode,
+                    "threads": threads,
+                    "rounds": args.rounds,
+                    "users_per_round": cfg.users_per_round,
+                    "tau": cfg.tau,
+                    "seconds_per_round": per_round,
+                    "user_steps_per_second": rate,
+                    "flops_per_user_step": flops,
+                    "share_of_peak": rate * flops / peak[threads],
+                }
+            )
+            print(
+                f"{algorithm:13} {mode:28} {rate:8.1f} user-steps/s "
+                f"({100 * rate * flops / peak[threads]:.0f}% of the GEMM peak)",
+                flush=True,
+            )
     if not args.no_whole_runs:
         quick = timed_cli([])
-        rows.append({"kind": "whole-run", "mode": "quick start: 1000 rounds of HF, command to "
-                     "summary", **quick})
+        rows.append(
+            {
+                "kind": "whole-run",
+                "mode": "quick start: 1000 rounds of HF, command to summary",
+                **quick,
+            }
+        )
         print(f"quick start: {quick['seconds']:.1f} s", flush=True)
         whole, loop = timed_cli(["rounds=300"]), plain_loop_run(300)
-        rows += [{"kind": "whole-run", "mode": "perfed-ray run, 300 rounds of HF", **whole},
-                 {"kind": "whole-run", "mode": "single-thread loop, 300 rounds of HF "
-                  "(training only)", "seconds": loop}]
-        print(f"300 rounds: perfed-ray {whole['seconds']:.1f} s, loop {loop:.1f} s",
-              flush=True)
+        rows += [
+            {"kind": "whole-run", "mode": "perfed-ray run, 300 rounds of HF", **whole},
+            {
+                "kind": "whole-run",
+                "mode": "single-thread loop, 300 rounds of HF (training only)",
+                "seconds": loop,
+            },
+        ]
+        print(f"300 rounds: perfed-ray {whole['seconds']:.1f} s, loop {loop:.1f} s", flush=True)
     save(rows, "throughput", args.out)
     if args.out == RESULTS:
         write_report()

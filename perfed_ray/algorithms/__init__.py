@@ -5,5 +5,4 @@ would be. Names are registered in :data:`perfed_ray.registry.ALGORITHMS`."""
 from perfed_ray.algorithms.base import Algorithm, Batch, ModelOps, client_update
 from perfed_ray.algorithms.tree import Params, axpy, sgd, tree_map
 
-__all__ = ["Algorithm", "Batch", "ModelOps", "Params", "axpy", "client_update", "sgd",
-           "tree_map"]
+__all__ = ["Algorithm", "Batch", "ModelOps", "Params", "axpy", "client_update", "sgd", "tree_map"]

@@ -45,8 +45,7 @@ class ModelOps(Protocol):
     def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
         """H(w; D) v, exactly (forward-over-reverse autodiff)."""
 
-    def grad_difference(self, params: Params, v: Params, step: Scalar,
-                        batch: Batch) -> Params:
+    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
         """grad f(w + step v; D) - grad f(w - step v; D) (an engine may share work
         between the two)."""
 
@@ -81,18 +80,21 @@ class Algorithm:
         """The local iterate at the start of a round: the server's weights."""
         return server
 
-    def client_step(self, ops: ModelOps, state: Any,
-                    batches: Sequence[Batch]) -> tuple[Any, torch.Tensor]:
+    def client_step(
+        self, ops: ModelOps, state: Any, batches: Sequence[Batch]
+    ) -> tuple[Any, torch.Tensor]:
         """One local step; returns the new state and the training loss it saw."""
         raise NotImplementedError
 
-    def client_final(self, ops: ModelOps, server: Params,
-                     state: Any) -> tuple[Params, Params | None]:
+    def client_final(
+        self, ops: ModelOps, server: Params, state: Any
+    ) -> tuple[Params, Params | None]:
         """What the user sends the server (a model) and its state for the next round."""
         return state, None
 
-    def personalise(self, ops: ModelOps, server: Params, user_state: Params | None,
-                    batch: Batch) -> Params:
+    def personalise(
+        self, ops: ModelOps, server: Params, user_state: Params | None, batch: Batch
+    ) -> Params:
         """One personalisation step for evaluation, from the model it is given (the
         server's, or the result of the previous step): SGD of size alpha, PROTOCOL.md."""
         return sgd(server, ops.grad(server, batch), self.alpha)
@@ -104,10 +106,14 @@ class Algorithm:
         return aggregate
 
 
-def client_update(algorithm: Algorithm, ops: ModelOps, server: Params,
-                  steps: Sequence[Sequence[Batch]], user_state: Params | None,
-                  step: Callable[..., tuple[Any, torch.Tensor]] | None = None,
-                  ) -> tuple[Params, torch.Tensor, Params | None]:
+def client_update(
+    algorithm: Algorithm,
+    ops: ModelOps,
+    server: Params,
+    steps: Sequence[Sequence[Batch]],
+    user_state: Params | None,
+    step: Callable[..., tuple[Any, torch.Tensor]] | None = None,
+) -> tuple[Params, torch.Tensor, Params | None]:
     """One user's round (or a stacked block's): init, one step per entry of `steps`,
     final. Returns the model sent to the server, the mean training loss over the steps
     and the user's next state. Free of Python control flow on values, so `vmap` takes

@@ -18,8 +18,7 @@ def draw(n: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randperm(n, generator=gen)[:batch_size]
 
 
-def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None
-           ) -> torch.Tensor:
+def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x[idx] for any shape of idx, written into `out` (a contiguous tensor of that
     shape) when given, so a block of users' batches is gathered without a copy."""
     flat = idx.reshape(-1).to(x.device)
@@ -29,8 +28,16 @@ def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None
     return out
 
 
-def round_indices(seed: int, user: int, round_: int, n: int, tau: int, per_step: int,
-                  batch_size: int, drawn: int | None = None) -> torch.Tensor:
+def round_indices(
+    seed: int,
+    user: int,
+    round_: int,
+    n: int,
+    tau: int,
+    per_step: int,
+    batch_size: int,
+    drawn: int | None = None,
+) -> torch.Tensor:
     """Fresh batches for each of the tau steps of a round: [tau, per_step, B]; the
     stream draws `drawn` (>= per_step) batches a step, of which the first are used."""
     drawn = drawn or per_step
@@ -39,7 +46,8 @@ def round_indices(seed: int, user: int, round_: int, n: int, tau: int, per_step:
     return idx.view(tau, drawn, -1)[:, :per_step]
 
 
-def evaluation_indices(seed: int, user: int, round_: int, draw_: int, n: int,
-                       batch_size: int) -> torch.Tensor:
+def evaluation_indices(
+    seed: int, user: int, round_: int, draw_: int, n: int, batch_size: int
+) -> torch.Tensor:
     """The personalisation batch of one evaluation draw."""
     return draw(n, batch_size, torch_generator(seed, Stream.EVALUATION, user, round_, draw_))

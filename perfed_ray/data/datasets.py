@@ -69,8 +69,12 @@ def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
     return mirror
 
 
-MNIST_ARCHIVES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+MNIST_ARCHIVES = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+]
 
 
 def load_mnist(root: Path, download: bool, seed: int) -> DataArrays:
@@ -81,22 +85,31 @@ def load_mnist(root: Path, download: bool, seed: int) -> DataArrays:
     have_archives = all((raw / f).is_file() for f in MNIST_ARCHIVES)
     unpacked = all((raw / f.removesuffix(".gz")).is_file() for f in MNIST_ARCHIVES)
     if not (have_archives or unpacked or download):
-        raise DataError(f"MNIST not found under {raw} and download is off: put the four "
-                        f"MNIST archives there, point data_root (or ${DATA_ENV}) at a folder "
-                        f"that has MNIST/raw, or set download: true")
+        raise DataError(
+            f"MNIST not found under {raw} and download is off: put the four "
+            f"MNIST archives there, point data_root (or ${DATA_ENV}) at a folder "
+            f"that has MNIST/raw, or set download: true"
+        )
     if have_archives and not unpacked:
         root = _writable_mirror(root, "MNIST/raw", MNIST_ARCHIVES)
     try:
         train = MNIST(str(root), train=True, download=download or have_archives)
         test = MNIST(str(root), train=False, download=download or have_archives)
     except Exception as err:  # torchvision raises plain RuntimeError/URLError/OSError
-        raise DataError(f"could not load MNIST from {root / 'MNIST'}: {err}; check the files "
-                        f"(or the network, to download), or point data_root / ${DATA_ENV} "
-                        f"at a folder with MNIST/raw") from None
-    return DataArrays("mnist", train.data.reshape(len(train.data), -1).numpy(),
-                      train.targets.numpy().astype(np.int64),
-                      test.data.reshape(len(test.data), -1).numpy(),
-                      test.targets.numpy().astype(np.int64), (1, 28, 28), 10)
+        raise DataError(
+            f"could not load MNIST from {root / 'MNIST'}: {err}; check the files "
+            f"(or the network, to download), or point data_root / ${DATA_ENV} "
+            f"at a folder with MNIST/raw"
+        ) from None
+    return DataArrays(
+        "mnist",
+        train.data.reshape(len(train.data), -1).numpy(),
+        train.targets.numpy().astype(np.int64),
+        test.data.reshape(len(test.data), -1).numpy(),
+        test.targets.numpy().astype(np.int64),
+        (1, 28, 28),
+        10,
+    )
 
 
 def _chw_flat(images: np.ndarray) -> np.ndarray:
@@ -108,32 +121,51 @@ def load_cifar10(root: Path, download: bool, seed: int) -> DataArrays:
     """CIFAR-10 from torchvision's batches, else from a `cifar10.npz`, else downloaded."""
     from torchvision.datasets import CIFAR10
 
-    npz = next((p for p in (root / "cifar10.npz", root / "cifar10" / "cifar10.npz")
-                if p.is_file()), None)
+    npz = next(
+        (p for p in (root / "cifar10.npz", root / "cifar10" / "cifar10.npz") if p.is_file()), None
+    )
     batches = (root / "cifar-10-batches-py").is_dir()
     if npz is not None and not batches:
         try:
             with np.load(npz) as d:
                 arrays = {k: d[k] for k in ("x_train", "y_train", "x_test", "y_test")}
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
-            raise DataError(f"{npz} is not a readable CIFAR-10 .npz ({err}); replace it "
-                            f"with a good copy (see the README's data section)") from None
-        return DataArrays("cifar10", _chw_flat(arrays["x_train"]),
-                          arrays["y_train"].astype(np.int64), _chw_flat(arrays["x_test"]),
-                          arrays["y_test"].astype(np.int64), (3, 32, 32), 10)
+            raise DataError(
+                f"{npz} is not a readable CIFAR-10 .npz ({err}); replace it "
+                f"with a good copy (see the README's data section)"
+            ) from None
+        return DataArrays(
+            "cifar10",
+            _chw_flat(arrays["x_train"]),
+            arrays["y_train"].astype(np.int64),
+            _chw_flat(arrays["x_test"]),
+            arrays["y_test"].astype(np.int64),
+            (3, 32, 32),
+            10,
+        )
     if not (batches or download):
-        raise DataError(f"CIFAR-10 not found under {root} (neither cifar-10-batches-py/ nor "
-                        f"cifar10.npz) and download is off: point data_root (or ${DATA_ENV}) "
-                        f"at a folder that has it, or set download: true")
+        raise DataError(
+            f"CIFAR-10 not found under {root} (neither cifar-10-batches-py/ nor "
+            f"cifar10.npz) and download is off: point data_root (or ${DATA_ENV}) "
+            f"at a folder that has it, or set download: true"
+        )
     try:
         train = CIFAR10(str(root), train=True, download=download)
         test = CIFAR10(str(root), train=False, download=download)
     except Exception as err:
-        raise DataError(f"could not load CIFAR-10 from {root}: {err}; check the files (or the "
-                        f"network, to download), or point data_root / ${DATA_ENV} elsewhere"
-                        ) from None
-    return DataArrays("cifar10", _chw_flat(train.data), np.asarray(train.targets, np.int64),
-                      _chw_flat(test.data), np.asarray(test.targets, np.int64), (3, 32, 32), 10)
+        raise DataError(
+            f"could not load CIFAR-10 from {root}: {err}; check the files (or the "
+            f"network, to download), or point data_root / ${DATA_ENV} elsewhere"
+        ) from None
+    return DataArrays(
+        "cifar10",
+        _chw_flat(train.data),
+        np.asarray(train.targets, np.int64),
+        _chw_flat(test.data),
+        np.asarray(test.targets, np.int64),
+        (3, 32, 32),
+        10,
+    )
 
 
 def load_gaussian(root: Path, download: bool, seed: int) -> DataArrays:
@@ -188,6 +220,8 @@ def load_dataset(name: str, data_root: str | None, download: bool, seed: int) ->
     root = resolve_root(data_root)
     spec = dataset(name)
     if spec.files and not root.is_dir() and not download:
-        raise DataError(f"data root {root} does not exist: set data_root or ${DATA_ENV} to "
-                        f"the folder that holds the data sets, or set download: true")
+        raise DataError(
+            f"data root {root} does not exist: set data_root or ${DATA_ENV} to "
+            f"the folder that holds the data sets, or set download: true"
+        )
     return spec.load(root, download, seed)

@@ -79,8 +79,14 @@ def _class_totals(labels: np.ndarray, n_classes: int) -> np.ndarray:
     return np.bincount(labels, minlength=n_classes).astype(np.int64)
 
 
-def draw_disjoint(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator,
-                  split: str, dataset: str, fix: str) -> list[np.ndarray]:
+def draw_disjoint(
+    labels: np.ndarray,
+    counts: np.ndarray,
+    rng: np.random.Generator,
+    split: str,
+    dataset: str,
+    fix: str,
+) -> list[np.ndarray]:
     """Draw counts[u, c] samples of class c for every user u, without replacement."""
     n_users, n_classes = counts.shape
     chosen: list[list[np.ndarray]] = [[] for _ in range(n_users)]
@@ -88,16 +94,20 @@ def draw_disjoint(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generat
         pool = np.flatnonzero(labels == c)
         need = int(counts[:, c].sum())
         if need and not len(pool):
-            raise DataError(f"{dataset} {split} set has no samples of class {c}, but the "
-                            f"partition needs classes 0 to {n_classes - 1}: the data files "
-                            f"are incomplete or not {dataset}; replace them")
+            raise DataError(
+                f"{dataset} {split} set has no samples of class {c}, but the "
+                f"partition needs classes 0 to {n_classes - 1}: the data files "
+                f"are incomplete or not {dataset}; replace them"
+            )
         if need > len(pool):
-            raise DataError(f"{dataset} {split} set has {len(pool)} samples of class {c}, but "
-                            f"the partition needs {need}: {fix}")
+            raise DataError(
+                f"{dataset} {split} set has {len(pool)} samples of class {c}, but "
+                f"the partition needs {need}: {fix}"
+            )
         pool = rng.permutation(pool)
         ends = np.cumsum(counts[:, c])
         for u in range(n_users):
-            chosen[u].append(pool[ends[u] - counts[u, c]:ends[u]])
+            chosen[u].append(pool[ends[u] - counts[u, c] : ends[u]])
     return [np.sort(np.concatenate(parts)) for parts in chosen]
 
 
@@ -105,11 +115,15 @@ def _paper_split(cfg: RunConfig, data: DataArrays, diff: bool) -> Counts:
     a = cfg.paper_a or paper_a(data.name)
     a_test = a * len(data.y_test) // len(data.y_train)
     if data.n_classes < 10:
-        raise DataError(f"partition {cfg.partition!r} needs 10 classes; {data.name} has "
-                        f"{data.n_classes}: use partition iid or dirichlet")
+        raise DataError(
+            f"partition {cfg.partition!r} needs 10 classes; {data.name} has "
+            f"{data.n_classes}: use partition iid or dirichlet"
+        )
     if a_test < 2:
-        raise DataError(f"paper_a = {a} leaves {a_test} test images per class unit (a_test = "
-                        f"floor(a * N_test / N_train)); use a larger paper_a")
+        raise DataError(
+            f"paper_a = {a} leaves {a_test} test images per class unit (a_test = "
+            f"floor(a * N_test / N_train)); use a larger paper_a"
+        )
     return paper_counts(cfg.n_users, a, a_test, data.n_classes, diff)
 
 
@@ -125,8 +139,10 @@ def paper_diff(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Co
 
 def natural(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
     """The data set's own users: generated data sets (synthetic) have no split to make."""
-    raise DataError(f"partition natural keeps a generated data set's own users; "
-                    f"{data.name} is a plain data set: use paper, iid or dirichlet")
+    raise DataError(
+        f"partition natural keeps a generated data set's own users; "
+        f"{data.name} is a plain data set: use paper, iid or dirichlet"
+    )
 
 
 def iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
@@ -138,14 +154,17 @@ def iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
 def dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
     """Class proportions over users from Dir(dirichlet_alpha) (Hsu et al. 2019)."""
     for _ in range(100):  # resample until every user can fill a batch
-        proportions = rng.dirichlet(np.full(cfg.n_users, cfg.dirichlet_alpha),
-                                    size=data.n_classes).T
+        proportions = rng.dirichlet(
+            np.full(cfg.n_users, cfg.dirichlet_alpha), size=data.n_classes
+        ).T
         counts = _proportional(cfg, data, proportions)
         if counts.train.sum(axis=1).min() >= cfg.batch_size:
             return counts
-    raise DataError(f"dirichlet partition with dirichlet_alpha = {cfg.dirichlet_alpha} keeps "
-                    f"leaving some of the {cfg.n_users} users fewer than batch_size = "
-                    f"{cfg.batch_size} samples: raise dirichlet_alpha or lower n_users")
+    raise DataError(
+        f"dirichlet partition with dirichlet_alpha = {cfg.dirichlet_alpha} keeps "
+        f"leaving some of the {cfg.n_users} users fewer than batch_size = "
+        f"{cfg.batch_size} samples: raise dirichlet_alpha or lower n_users"
+    )
 
 
 def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> Counts:
@@ -169,7 +188,9 @@ def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
     test = draw_disjoint(data.y_test, counts.test, rng, "test", data.name, fix)
     small = [u for u, idx in enumerate(train) if len(idx) < cfg.batch_size]
     if small:
-        raise DataError(f"{len(small)} users (first: user {small[0]}, "
-                        f"{len(train[small[0]])} samples) have fewer training samples than "
-                        f"batch_size = {cfg.batch_size}: lower batch_size or n_users")
+        raise DataError(
+            f"{len(small)} users (first: user {small[0]}, "
+            f"{len(train[small[0]])} samples) have fewer training samples than "
+            f"batch_size = {cfg.batch_size}: lower batch_size or n_users"
+        )
     return [UserIndices(u, counts.groups[u], train[u], test[u]) for u in range(cfg.n_users)]

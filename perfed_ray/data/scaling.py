@@ -30,8 +30,9 @@ class InputScaling:
         """uint8 [N, C*H*W] -> float32 inputs on `device`."""
         channels = len(self.offset)
         per_channel = x.reshape(len(x), channels, -1).astype(np.float32)
-        scaled = ((per_channel - self.offset[:, None].astype(np.float32))
-                  / self.divisor[:, None].astype(np.float32))
+        scaled = (per_channel - self.offset[:, None].astype(np.float32)) / self.divisor[
+            :, None
+        ].astype(np.float32)
         return torch.from_numpy(scaled.reshape(len(x), -1)).to(device)
 
 

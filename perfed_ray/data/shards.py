@@ -23,11 +23,13 @@ class Shard:
     y_test: torch.Tensor
 
 
-def materialise(data: DataArrays, idx: UserIndices, device: torch.device,
-                scaling: InputScaling) -> Shard:
+def materialise(
+    data: DataArrays, idx: UserIndices, device: torch.device, scaling: InputScaling
+) -> Shard:
     """Copy the user's samples out of the (possibly shared, read-only) data set."""
     return Shard(
-        idx.user, idx.group,
+        idx.user,
+        idx.group,
         scaling.apply(data.x_train[idx.train], device),
         torch.from_numpy(data.y_train[idx.train]).to(device),
         scaling.apply(data.x_test[idx.test], device),

@@ -24,8 +24,9 @@ class ShardSource(Protocol):
     input_shape: tuple[int, int, int]
     n_classes: int
 
-    def shards(self, users: list[int], device: torch.device,
-               data: DataArrays | None) -> dict[int, Shard]: ...
+    def shards(
+        self, users: list[int], device: torch.device, data: DataArrays | None
+    ) -> dict[int, Shard]: ...
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,9 @@ class PartitionedShards:
     n_classes: int
     scaling: InputScaling
 
-    def shards(self, users: list[int], device: torch.device,
-               data: DataArrays | None) -> dict[int, Shard]:
+    def shards(
+        self, users: list[int], device: torch.device, data: DataArrays | None
+    ) -> dict[int, Shard]:
         if data is None:
             data = load_dataset(self.dataset, self.data_root, False, self.seed)
         return {u: materialise(data, self.indices[u], device, self.scaling) for u in users}
@@ -59,12 +61,15 @@ class SyntheticShards:
     input_shape: tuple[int, int, int] = (1, 1, FEATURES)
     n_classes: int = CLASSES
 
-    def shards(self, users: list[int], device: torch.device,
-               data: DataArrays | None) -> dict[int, Shard]:
+    def shards(
+        self, users: list[int], device: torch.device, data: DataArrays | None
+    ) -> dict[int, Shard]:
         out = {}
         for u in users:
-            x_train, y_train, x_test, y_test = synthetic_user(self.seed, self.alpha,
-                                                              self.beta, u)
-            out[u] = Shard(u, "all", *(torch.from_numpy(a).to(device)
-                                       for a in (x_train, y_train, x_test, y_test)))
+            x_train, y_train, x_test, y_test = synthetic_user(self.seed, self.alpha, self.beta, u)
+            out[u] = Shard(
+                u,
+                "all",
+                *(torch.from_numpy(a).to(device) for a in (x_train, y_train, x_test, y_test)),
+            )
         return out

@@ -25,8 +25,9 @@ TRAIN_FRACTION = 0.8
 _SCALE = np.arange(1, FEATURES + 1) ** -0.6  # sqrt of diag(j^-1.2)
 
 
-def synthetic_user(seed: int, alpha: float, beta: float, user: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def synthetic_user(
+    seed: int, alpha: float, beta: float, user: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test) of one user, float32 features."""
     rng = numpy_rng(seed, Stream.DATA, user)
     n = int(rng.lognormal(4, 2)) + 50

@@ -19,15 +19,16 @@ def default_engine(model: nn.Module) -> str:
     return "fused" if chain_of(model) is not None else "vmap"
 
 
-def make_engine(name: str | None, algorithm: Algorithm, model: nn.Module,
-                compile: bool) -> Engine:
+def make_engine(name: str | None, algorithm: Algorithm, model: nn.Module, compile: bool) -> Engine:
     """The engine a configuration names (None: auto). A model that `fused` cannot run
     falls back to `vmap`, with a one-line notice."""
     name = name or default_engine(model)
     if name == "fused" and chain_of(model) is None:
-        print(f"perfed-ray: model {type(model).__name__} is not a chain of Linear and ELU "
-              f"layers (it declares no fused_layers()); engine fused falls back to vmap",
-              file=sys.stderr)
+        print(
+            f"perfed-ray: model {type(model).__name__} is not a chain of Linear and ELU "
+            f"layers (it declares no fused_layers()); engine fused falls back to vmap",
+            file=sys.stderr,
+        )
         name = "vmap"
     return ENGINES.load(name)(algorithm, model, compile)
 

@@ -25,8 +25,10 @@ def steps_of(x: torch.Tensor, y: torch.Tensor, axis: int = 0) -> list[list[Batch
     """Per local step, its batches: x is [..., tau, batches_per_step, B, ...] with tau at
     `axis` (0 for one user, 1 for users stacked in front)."""
     pick = (slice(None),) * axis
-    return [[(x[(*pick, t, j)], y[(*pick, t, j)]) for j in range(x.shape[axis + 1])]
-            for t in range(x.shape[axis])]
+    return [
+        [(x[(*pick, t, j)], y[(*pick, t, j)]) for j in range(x.shape[axis + 1])]
+        for t in range(x.shape[axis])
+    ]
 
 
 def stack(trees: Sequence[Params | None]) -> Params | None:
@@ -50,7 +52,8 @@ class Engine:
         self.algorithm = algorithm
         self.model = model
 
-    def run(self, server: Params, x: torch.Tensor, y: torch.Tensor,
-            states: Params | None) -> Result:
+    def run(
+        self, server: Params, x: torch.Tensor, y: torch.Tensor, states: Params | None
+    ) -> Result:
         """x [U, tau, batches_per_step, B, ...], y likewise; `states` stacked [U, ...]."""
         raise NotImplementedError

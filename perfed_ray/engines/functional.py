@@ -36,8 +36,7 @@ class FunctionalOps:
     def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
         return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
 
-    def grad_difference(self, params: Params, v: Params, step: Scalar,
-                        batch: Batch) -> Params:
+    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
         plus = self.grad(axpy(params, v, step), batch)
         minus = self.grad(axpy(params, v, -step), batch)
         return sub(plus, minus)

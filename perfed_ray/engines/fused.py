@@ -48,20 +48,27 @@ class Fused(Engine):
     def block(self, server, x, y, states) -> Result:
         n = len(x)
         stacked = {k: v.expand(n, *v.shape).contiguous() for k, v in server.items()}
-        return client_update(self.algorithm, self.ops, stacked, steps_of(x, y, axis=1),
-                             states, self.step)
+        return client_update(
+            self.algorithm, self.ops, stacked, steps_of(x, y, axis=1), states, self.step
+        )
 
     def run(self, server, x, y, states) -> Result:
         parts = []
         for start in range(0, len(x), BLOCK):
             cut = slice(start, start + BLOCK)
-            block_states = (None if states is None else
-                            torch.utils._pytree.tree_map(lambda s, c=cut: s[c], states))
+            block_states = (
+                None
+                if states is None
+                else torch.utils._pytree.tree_map(lambda s, c=cut: s[c], states)
+            )
             parts.append(self.block(server, x[cut], y[cut], block_states))
         if len(parts) == 1:
             return parts[0]
         models, losses, new_states = zip(*parts, strict=True)
-        return (torch.utils._pytree.tree_map(lambda *p: torch.cat(p), *models),
-                torch.cat(losses),
-                None if new_states[0] is None else
-                torch.utils._pytree.tree_map(lambda *p: torch.cat(p), *new_states))
+        return (
+            torch.utils._pytree.tree_map(lambda *p: torch.cat(p), *models),
+            torch.cat(losses),
+            None
+            if new_states[0] is None
+            else torch.utils._pytree.tree_map(lambda *p: torch.cat(p), *new_states),
+        )

@@ -12,7 +12,9 @@ from perfed_ray.engines.functional import FunctionalOps
 class Sequential(Engine):
     def run(self, server, x, y, states) -> Result:
         ops = FunctionalOps(self.model)
-        results = [client_update(self.algorithm, ops, server, steps_of(x[u], y[u]), state)
-                   for u, state in enumerate(unstack(states, len(x)))]
+        results = [
+            client_update(self.algorithm, ops, server, steps_of(x[u], y[u]), state)
+            for u, state in enumerate(unstack(states, len(x)))
+        ]
         models, losses, new_states = zip(*results, strict=True)
         return stack(models), torch.stack(losses), stack(new_states)

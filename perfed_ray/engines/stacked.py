@@ -64,13 +64,17 @@ class StackedOps:
     def __init__(self, layers: list[Layer]) -> None:
         self.layers = layers
 
-    def _forward(self, params: Params, x: torch.Tensor,
-                 first: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def _forward(
+        self, params: Params, x: torch.Tensor, first: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
         """[input, activation 1, ..., logits]; `first` replaces layer 1's output."""
         outputs = [x]
         for i, layer in enumerate(self.layers):
-            z = (first if i == 0 and first is not None else
-                 _linear(outputs[-1], params[layer.weight], params[layer.bias]))
+            z = (
+                first
+                if i == 0 and first is not None
+                else _linear(outputs[-1], params[layer.weight], params[layer.bias])
+            )
             outputs.append(elu(z) if layer.elu else z)
         return outputs
 
@@ -88,8 +92,9 @@ class StackedOps:
         onehot = torch.zeros_like(p).scatter_(-1, y.unsqueeze(-1), 1.0)
         return (p - onehot) / logits.shape[1]
 
-    def _backward(self, params: Params, outputs: list[torch.Tensor], dz: torch.Tensor,
-                  grads: Params) -> torch.Tensor:
+    def _backward(
+        self, params: Params, outputs: list[torch.Tensor], dz: torch.Tensor, grads: Params
+    ) -> torch.Tensor:
         """Fill `grads` for layers 2.. from the logits' gradient `dz`; return the gradient
         of layer 1's output (layer 1's own gradients need its input)."""
         for i in range(len(self.layers) - 1, 0, -1):
@@ -127,8 +132,7 @@ class StackedOps:
     def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
         return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
 
-    def grad_difference(self, params: Params, v: Params, step: Scalar,
-                        batch: Batch) -> Params:
+    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
         """The two gradients share layer 1's input: x (W1 +- s V1) = x W1 +- s x V1, and
         layer 1's weight gradient is linear in its output's gradient, so the difference
         of the two is one product, (dz+ - dz-)^T x. Two large products fewer a step."""
@@ -139,8 +143,11 @@ class StackedOps:
         shift = per_user(step, along) * along
         grads, dzs = [], []
         for sign, z1 in ((1.0, base + shift), (-1.0, base - shift)):
-            w = {k: params[k] + sign * per_user(step, v[k]) * v[k] for k in params
-                 if k not in (first.weight, first.bias)}
+            w = {
+                k: params[k] + sign * per_user(step, v[k]) * v[k]
+                for k in params
+                if k not in (first.weight, first.bias)
+            }
             outputs = self._forward(w, x, first=z1)
             part: Params = {}
             dzs.append(self._backward(w, outputs, self._output_grad(outputs[-1], y), part))

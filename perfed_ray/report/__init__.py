@@ -39,7 +39,7 @@ PROTOCOL_SCALE = FIELDS["input_scale"].default
 SECTIONS = {
     "main": "Table 1 (protocol as in PROTOCOL.md)",
     "leaking": "FedAvg adapted on TEST data (`adapt_on: test`): leaks test labels, "
-               "the paper's FedAvg text; not comparable with the main table",
+    "the paper's FedAvg text; not comparable with the main table",
     "study": "Study: input scaling and HF's difference step",
 }
 LEGEND = (
@@ -49,15 +49,17 @@ LEGEND = (
     "paper's ± seems to be]; then the paper's figure and our difference in points. "
     "Only finished runs give accuracies; diverged runs (NaN or infinite weights or "
     "losses, the round given) and unfinished ones are counted, never averaged. "
-    "'not run': no run of that cell in the results.")
+    "'not run': no run of that cell in the results."
+)
 
 
 def _section_rows(section: str, runs: pd.DataFrame) -> list[tuple]:
     """The table rows of a section: Table 1's six rows first for the main and leaking
     sections (shown even when not run); in the study, each studied row on the protocol's
     inputs first (see `_cell`), then on the other scales."""
-    present = {tuple(r) for r in runs.loc[runs["section"] == section, TABLE_KEYS]
-               .itertuples(index=False)}
+    present = {
+        tuple(r) for r in runs.loc[runs["section"] == section, TABLE_KEYS].itertuples(index=False)
+    }
     if section == "study":
         present |= {(section, *r[1:5], PROTOCOL_SCALE) for r in present}
         return sorted(present, key=lambda r: (str(r[1:5]), r[5] != PROTOCOL_SCALE, r[5]))
@@ -112,23 +114,36 @@ def _label(row: tuple) -> str:
 def table1_markdown(runs: pd.DataFrame) -> str:
     """Every section's table, Table 1's layout."""
     by_cell = cells(runs)
-    sections = ["main", "leaking", *(s for s in ("study",) if (runs["section"] == s).any()),
-                *sorted({s for s in runs["section"] if s.startswith("other")})]
+    sections = [
+        "main",
+        "leaking",
+        *(s for s in ("study",) if (runs["section"] == s).any()),
+        *sorted({s for s in runs["section"] if s.startswith("other")}),
+    ]
     lines = ["# Extended Table 1 (Fallah et al. 2020), reproduced", "", LEGEND, ""]
     for section in sections:
         methods = _methods(section, runs)
-        title = SECTIONS.get(section, "Other settings: " + section[len("other: "):]
-                             + (" (LEAKS TEST LABELS)" if "adapt_on = test" in section else ""))
-        lines += [f"## {title}",
-                  "", "| row | " + " | ".join(methods) + " |",
-                  "| --- |" + " --- |" * len(methods)]
+        title = SECTIONS.get(
+            section,
+            "Other settings: "
+            + section[len("other: ") :]
+            + (" (LEAKS TEST LABELS)" if "adapt_on = test" in section else ""),
+        )
+        lines += [
+            f"## {title}",
+            "",
+            "| row | " + " | ".join(methods) + " |",
+            "| --- |" + " --- |" * len(methods),
+        ]
         for row in _section_rows(section, runs):
             texts = [_cell(by_cell, row, m).text(_paper(row[0], row, m)) for m in methods]
             where = " (protocol)" if section == "study" and row[5] == PROTOCOL_SCALE else ""
             lines.append(f"| {_label(row)}{where} | " + " | ".join(texts) + " |")
         lines.append("")
-    lines += ["Learning curves: `curves/`; per-group accuracies: `groups.md`; every run: "
-              "`runs.md`.", ""]
+    lines += [
+        "Learning curves: `curves/`; per-group accuracies: `groups.md`; every run: `runs.md`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -136,18 +151,27 @@ def groups_markdown(runs: pd.DataFrame) -> str:
     """Group A (classes 0-4) and group B (mostly one class of 5-9) users' accuracy before
     and after the adaptation step: where personalisation helps."""
     done = finished(runs)
-    lines = ["# Accuracy by group of users (final model, %, mean over seeds)", "",
-             "Group A: users holding classes 0-4 evenly; group B: users holding mostly one "
-             "class of 5-9 (PROTOCOL.md). Unweighted means over the users of the group, then "
-             "over finished seeds.", "",
-             "| section | row | method | seeds | A before | A after | B before | B after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "# Accuracy by group of users (final model, %, mean over seeds)",
+        "",
+        "Group A: users holding classes 0-4 evenly; group B: users holding mostly one "
+        "class of 5-9 (PROTOCOL.md). Unweighted means over the users of the group, then "
+        "over finished seeds.",
+        "",
+        "| section | row | method | seeds | A before | A after | B before | B after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     columns = [f"{m}_{g}" for g in ("A", "B") for m in ("acc_before", "acc_after")]
     for key, frame in done.groupby([*TABLE_KEYS, "method"], sort=True):
-        values = [f"{100 * frame[c].mean():.2f}" if c in frame and frame[c].notna().any()
-                  else "-" for c in columns]
-        lines.append(f"| {key[0]} | {_label(key[:-1])} | {key[-1]} | {len(frame)} | "
-                     + " | ".join(values) + " |")
+        values = [
+            f"{100 * frame[c].mean():.2f}" if c in frame and frame[c].notna().any() else "-"
+            for c in columns
+        ]
+        lines.append(
+            f"| {key[0]} | {_label(key[:-1])} | {key[-1]} | {len(frame)} | "
+            + " | ".join(values)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -159,9 +183,10 @@ def write_curves(out: Path, runs: pd.DataFrame, dest: Path) -> list[Path]:
     curves = run_curves(read_table(out, "evals"), read_table(out, "rounds"))
     paths = []
     for row, frame in done.groupby(TABLE_KEYS, sort=True):
-        by_method = {m: curves[curves["run_id"].isin(frame.loc[frame["method"] == m,
-                                                                "run_id"])]
-                     for m in ordered_methods(frame["method"])}
+        by_method = {
+            m: curves[curves["run_id"].isin(frame.loc[frame["method"] == m, "run_id"])]
+            for m in ordered_methods(frame["method"])
+        }
         path = dest / "curves" / f"{_slug(row)}.png"
         plot(by_method, f"{_label(row)} [{row[0]}]", path)
         paths.append(path)
@@ -179,8 +204,11 @@ def write_report(out: str | Path, dest: str | Path | None = None) -> list[Path]:
         raise InputError(f"no runs under {str(out)!r}: expected {out}/runs/run_id=*/")
     dest = Path(dest) if dest is not None else out / "report"
     dest.mkdir(parents=True, exist_ok=True)
-    files = {"table1.md": table1_markdown(runs), "groups.md": groups_markdown(runs),
-             "runs.md": "# Every run\n\n" + format_summary(summary(out), markdown=True) + "\n"}
+    files = {
+        "table1.md": table1_markdown(runs),
+        "groups.md": groups_markdown(runs),
+        "runs.md": "# Every run\n\n" + format_summary(summary(out), markdown=True) + "\n",
+    }
     for name, text in files.items():
         (dest / name).write_text(text)
     return [dest / name for name in files] + write_curves(out, runs, dest)

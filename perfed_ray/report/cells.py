@@ -24,10 +24,21 @@ from perfed_ray.data.datasets import paper_a
 from perfed_ray.paper import ROW_KEYS
 
 # Keys that change how a run is executed, never its numbers.
-MECHANICS = frozenset({"data_root", "download", "data_transport", "users_per_actor", "engine",
-                       "compile",
-                       "num_cpus_per_actor", "num_gpus_per_actor",
-                       "checkpoint_every", "actor_retries", "tag"})
+MECHANICS = frozenset(
+    {
+        "data_root",
+        "download",
+        "data_transport",
+        "users_per_actor",
+        "engine",
+        "compile",
+        "num_cpus_per_actor",
+        "num_gpus_per_actor",
+        "checkpoint_every",
+        "actor_retries",
+        "tag",
+    }
+)
 NORMALIZED_HF = "perfedavg-hf δ/‖g‖"
 METHODS = ("fedavg", "perfedavg-fo", "perfedavg-hf", NORMALIZED_HF, "perfedavg")
 TABLE_KEYS = ["section", *ROW_KEYS, "input_scale"]
@@ -84,17 +95,18 @@ def run_results(out: str | Path) -> pd.DataFrame:
     final = evals[evals["final"]]
     groups = final.groupby(["run_id", "group"])[["acc_before", "acc_after"]].mean().unstack()
     groups.columns = [f"{metric}_{group}" for metric, group in groups.columns]
-    return (runs.merge(accuracy, on="run_id", how="left")
-            .merge(draws, on="run_id", how="left")
-            .merge(groups, on="run_id", how="left"))
+    return (
+        runs.merge(accuracy, on="run_id", how="left")
+        .merge(draws, on="run_id", how="left")
+        .merge(groups, on="run_id", how="left")
+    )
 
 
 def finished(runs: pd.DataFrame) -> pd.DataFrame:
     """Finished runs that have a final evaluation, the latest per cell and seed (a cell
     run twice by mistake counts once)."""
     done = runs[(runs["status"] == "finished") & runs["accuracy"].notna()]
-    return done.sort_values("run_id").groupby(
-        [*TABLE_KEYS, "method", "seed"], dropna=False).tail(1)
+    return done.sort_values("run_id").groupby([*TABLE_KEYS, "method", "seed"], dropna=False).tail(1)
 
 
 @dataclass
@@ -117,8 +129,9 @@ class Cell:
             _, pooled = mean_ci95(np.asarray(self.draws))
             n = len(self.accuracies)
             seeds = f"± {100 * half:.2f}" if n > 1 else "± n/a"  # no interval from 1 seed
-            parts.append(f"{100 * acc:.2f} {seeds} [± {100 * pooled:.2f}], "
-                         f"{n} seed{'s' if n > 1 else ''}")
+            parts.append(
+                f"{100 * acc:.2f} {seeds} [± {100 * pooled:.2f}], {n} seed{'s' if n > 1 else ''}"
+            )
             if paper is not None:
                 parts.append(f"paper {paper:.2f} ({100 * acc - paper:+.2f})")
         elif paper is not None:

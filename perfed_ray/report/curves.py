@@ -21,8 +21,9 @@ def run_curves(evals: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
     acc = evals.groupby(["run_id", "round"])["acc_after"].mean().rename("accuracy")
     ordered = rounds.sort_values(["run_id", "round"])
     seconds = ordered.assign(seconds=ordered.groupby("run_id")["wall_seconds"].cumsum())
-    curves = acc.reset_index().merge(seconds[["run_id", "round", "seconds"]],
-                                     on=["run_id", "round"], how="left")
+    curves = acc.reset_index().merge(
+        seconds[["run_id", "round", "seconds"]], on=["run_id", "round"], how="left"
+    )
     curves.loc[curves["round"] == 0, "seconds"] = 0.0
     return curves
 
@@ -32,8 +33,9 @@ def _mean_band(curves: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for round_, frame in curves.groupby("round"):
         acc, half = mean_ci95(frame["accuracy"].to_numpy())
-        rows.append({"round": round_, "accuracy": acc, "half": half,
-                     "seconds": frame["seconds"].mean()})
+        rows.append(
+            {"round": round_, "accuracy": acc, "half": half, "seconds": frame["seconds"].mean()}
+        )
     return pd.DataFrame(rows)
 
 
@@ -49,11 +51,19 @@ def plot(curves_by_method: dict[str, pd.DataFrame], title: str, path: Path) -> N
         mean = _mean_band(curves)
         seeds = curves["run_id"].nunique()
         for ax, x in zip(axes, ("round", "seconds"), strict=True):
-            line, = ax.plot(mean[x], 100 * mean["accuracy"],
-                            label=f"{method} ({seeds} seed{'s' if seeds > 1 else ''})")
-            ax.fill_between(mean[x], 100 * (mean["accuracy"] - mean["half"]),
-                            100 * (mean["accuracy"] + mean["half"]),
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            (line,) = ax.plot(
+                mean[x],
+                100 * mean["accuracy"],
+                label=f"{method} ({seeds} seed{'s' if seeds > 1 else ''})",
+            )
+            ax.fill_between(
+                mean[x],
+                100 * (mean["accuracy"] - mean["half"]),
+                100 * (mean["accuracy"] + mean["half"]),
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
     axes[0].set_xlabel("round")
     axes[1].set_xlabel("training seconds (cumulative, evaluations excluded)")
     axes[0].set_ylabel("personalised accuracy % (mean over users)")

@@ -37,80 +37,94 @@ from perfed_ray.config import FIELDS, RunConfig, base_type
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
-CONFIG_SCHEMA = pa.schema(
-    [(name, _ARROW[base_type(f)]) for name, f in FIELDS.items()])
+CONFIG_SCHEMA = pa.schema([(name, _ARROW[base_type(f)]) for name, f in FIELDS.items()])
 
-RUNS_SCHEMA = pa.schema([
-    ("status", pa.string()),  # running, finished, failed, diverged, interrupted
-    ("error", pa.string()),
-    ("started_at", TIMESTAMP),
-    ("ended_at", TIMESTAMP),
-    ("wall_seconds", pa.float64()),
-    ("rounds_done", pa.int64()),
-    ("resumes", pa.int64()),  # how many times the run was continued with --resume
-    ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
-    ("driver_peak_memory_bytes", pa.int64()),
-    ("actors_peak_memory_bytes", pa.int64()),
-    ("n_actors", pa.int64()),
-    ("actor_cpus", pa.float64()),
-    ("actor_gpus", pa.float64()),
-    ("command", pa.string()),
-    ("hostname", pa.string()),
-    ("python_version", pa.string()),
-    ("perfed_ray_version", pa.string()),
-    ("ray_version", pa.string()),
-    ("torch_version", pa.string()),
-    ("numpy_version", pa.string()),
-    ("pyarrow_version", pa.string()),
-])
+RUNS_SCHEMA = pa.schema(
+    [
+        ("status", pa.string()),  # running, finished, failed, diverged, interrupted
+        ("error", pa.string()),
+        ("started_at", TIMESTAMP),
+        ("ended_at", TIMESTAMP),
+        ("wall_seconds", pa.float64()),
+        ("rounds_done", pa.int64()),
+        ("resumes", pa.int64()),  # how many times the run was continued with --resume
+        ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
+        ("driver_peak_memory_bytes", pa.int64()),
+        ("actors_peak_memory_bytes", pa.int64()),
+        ("n_actors", pa.int64()),
+        ("actor_cpus", pa.float64()),
+        ("actor_gpus", pa.float64()),
+        ("command", pa.string()),
+        ("hostname", pa.string()),
+        ("python_version", pa.string()),
+        ("perfed_ray_version", pa.string()),
+        ("ray_version", pa.string()),
+        ("torch_version", pa.string()),
+        ("numpy_version", pa.string()),
+        ("pyarrow_version", pa.string()),
+    ]
+)
 
-ROUNDS_SCHEMA = pa.schema([
-    ("round", pa.int64()),
-    ("users", pa.list_(pa.int64())),
-    ("n_sampled", pa.int64()),
-    ("n_reported", pa.int64()),  # sampled users whose update was averaged
-    ("train_loss", pa.float64()),
-    ("wall_seconds", pa.float64()),
-    ("bytes_sent", pa.int64()),
-    ("bytes_received", pa.int64()),
-])
+ROUNDS_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("users", pa.list_(pa.int64())),
+        ("n_sampled", pa.int64()),
+        ("n_reported", pa.int64()),  # sampled users whose update was averaged
+        ("train_loss", pa.float64()),
+        ("wall_seconds", pa.float64()),
+        ("bytes_sent", pa.int64()),
+        ("bytes_received", pa.int64()),
+    ]
+)
 
-EVALS_SCHEMA = pa.schema([
-    ("round", pa.int64()),
-    ("final", pa.bool_()),
-    ("user", pa.int64()),
-    ("group", pa.string()),
-    ("draw", pa.int64()),
-    ("n_train", pa.int64()),
-    ("n_test", pa.int64()),
-    ("acc_before", pa.float64()),
-    ("loss_before", pa.float64()),
-    ("acc_after", pa.float64()),
-    ("loss_after", pa.float64()),
-])
+EVALS_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("final", pa.bool_()),
+        ("user", pa.int64()),
+        ("group", pa.string()),
+        ("draw", pa.int64()),
+        ("n_train", pa.int64()),
+        ("n_test", pa.int64()),
+        ("acc_before", pa.float64()),
+        ("loss_before", pa.float64()),
+        ("acc_after", pa.float64()),
+        ("loss_after", pa.float64()),
+    ]
+)
 
-EVENTS_SCHEMA = pa.schema([
-    ("round", pa.int64()),
-    ("kind", pa.string()),  # actor-died, dropout, straggler
-    ("actor", pa.int64()),  # null for events of users, not actors
-    ("users", pa.list_(pa.int64())),
-    ("detail", pa.string()),
-])
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("kind", pa.string()),  # actor-died, dropout, straggler
+        ("actor", pa.int64()),  # null for events of users, not actors
+        ("users", pa.list_(pa.int64())),
+        ("detail", pa.string()),
+    ]
+)
 
-ACTORS_SCHEMA = pa.schema([
-    ("actor", pa.int64()),
-    ("incarnation", pa.int64()),  # 0 at the start; +1 for each replacement
-    ("from_round", pa.int64()),  # the first round this incarnation served
-    ("users", pa.list_(pa.int64())),
-    ("node_id", pa.string()),
-    ("node_ip", pa.string()),
-    ("pid", pa.int64()),
-    ("device", pa.string()),
-    ("gpu_ids", pa.list_(pa.string())),
-])
+ACTORS_SCHEMA = pa.schema(
+    [
+        ("actor", pa.int64()),
+        ("incarnation", pa.int64()),  # 0 at the start; +1 for each replacement
+        ("from_round", pa.int64()),  # the first round this incarnation served
+        ("users", pa.list_(pa.int64())),
+        ("node_id", pa.string()),
+        ("node_ip", pa.string()),
+        ("pid", pa.int64()),
+        ("device", pa.string()),
+        ("gpu_ids", pa.list_(pa.string())),
+    ]
+)
 
-TABLES = {"runs": RUNS_SCHEMA, "rounds": ROUNDS_SCHEMA, "evals": EVALS_SCHEMA,
-          "events": EVENTS_SCHEMA, "actors": ACTORS_SCHEMA}
+TABLES = {
+    "runs": RUNS_SCHEMA,
+    "rounds": ROUNDS_SCHEMA,
+    "evals": EVALS_SCHEMA,
+    "events": EVENTS_SCHEMA,
+    "actors": ACTORS_SCHEMA,
+}
 APPENDED = [name for name in TABLES if name != "runs"]  # tables that grow as the run goes
 
 
@@ -119,8 +133,9 @@ def table_schema(name: str) -> pa.Schema:
     return pa.unify_schemas([CONFIG_SCHEMA, TABLES[name], pa.schema([("run_id", pa.string())])])
 
 
-def write_atomically(path: Path, write: Callable[[Path], None],
-                     before_rename: Callable[[], None] | None = None) -> None:
+def write_atomically(
+    path: Path, write: Callable[[Path], None], before_rename: Callable[[], None] | None = None
+) -> None:
     """Write a file so that readers see all of it or none of it, even after a crash:
     `write` fills a temporary dot-file (which readers skip), which is synced and then
     renamed into place."""
@@ -152,8 +167,9 @@ class RunWriter:
     @property
     def rows(self) -> dict[str, int]:
         """Rows on disk per table: what a checkpoint counts."""
-        return {name: 0 if table is None else table.num_rows
-                for name, table in self.written.items()}
+        return {
+            name: 0 if table is None else table.num_rows for name, table in self.written.items()
+        }
 
     def resume(self, rows: Mapping[str, int]) -> None:
         """Continue after the checkpoint that counted `rows` rows per table: rows
@@ -188,8 +204,11 @@ class RunWriter:
 
     def _write(self, table: pa.Table, path: Path) -> None:
         self.writes += 1
-        write_atomically(path, lambda tmp: pq.write_table(table, tmp),
-                         lambda: faults.crash_at("driver-write", self.writes))
+        write_atomically(
+            path,
+            lambda tmp: pq.write_table(table, tmp),
+            lambda: faults.crash_at("driver-write", self.writes),
+        )
 
     def write_run(self, row: Mapping[str, Any]) -> None:
         """(Re)write the run's single row: at the start, and with its final status."""

@@ -58,11 +58,19 @@ class UserActor:
     states from the checkpoint a run resumes from; `found` the user's own components,
     resolved by the driver (:mod:`perfed_ray.runtime.environment`)."""
 
-    def __init__(self, cfg: RunConfig, users: list[int], source: ShardSource,
-                 data: DataArrays | None, num_cpus: float, num_gpus: float,
-                 actor: int = 0, incarnation: int = 0,
-                 states: dict[int, np.ndarray] | None = None,
-                 found: Components | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        users: list[int],
+        source: ShardSource,
+        data: DataArrays | None,
+        num_cpus: float,
+        num_gpus: float,
+        actor: int = 0,
+        incarnation: int = 0,
+        states: dict[int, np.ndarray] | None = None,
+        found: Components | None = None,
+    ) -> None:
         adopt(cfg, found or {})
         self.actor, self.incarnation = actor, incarnation
         torch.set_num_threads(max(1, int(num_cpus)))
@@ -76,13 +84,18 @@ class UserActor:
     def describe(self) -> dict[str, object]:
         """Where this actor runs and its peak memory (also: it is ready)."""
         context = ray.get_runtime_context()
-        return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "device": str(self.device),
-                "gpu_ids": [str(g) for g in context.get_accelerator_ids().get("GPU", [])],
-                "peak_memory_bytes": peak_memory_bytes()}
+        return {
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "gpu_ids": [str(g) for g in context.get_accelerator_ids().get("GPU", [])],
+            "peak_memory_bytes": peak_memory_bytes(),
+        }
 
-    def train(self, weights: np.ndarray, users: list[int], round_: int,
-              per_user: bool = False) -> UpdateSum:
+    def train(
+        self, weights: np.ndarray, users: list[int], round_: int, per_user: bool = False
+    ) -> UpdateSum:
         """Local updates of the given users from the global weights, weighted and summed."""
         if self.actor == 0:
             faults.crash_at("actor-always", round_)
@@ -93,24 +106,33 @@ class UserActor:
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
         if all(w == 1.0 for w in weights_):
-            total = self.flat.flatten({k: v.sum(0, dtype=torch.float64)
-                                       for k, v in models.items()})
+            total = self.flat.flatten({k: v.sum(0, dtype=torch.float64) for k, v in models.items()})
         else:
             scale = torch.tensor(weights_, dtype=torch.float64, device=self.device)
-            total = self.flat.flatten({k: torch.tensordot(scale, v.double(), dims=1)
-                                       for k, v in models.items()})
-        per = ({u: self.flat.flatten({k: v[i] for k, v in models.items()})
-                for i, u in enumerate(users)} if per_user else None)
+            total = self.flat.flatten(
+                {k: torch.tensordot(scale, v.double(), dims=1) for k, v in models.items()}
+            )
+        per = (
+            {
+                u: self.flat.flatten({k: v[i] for k, v in models.items()})
+                for i, u in enumerate(users)
+            }
+            if per_user
+            else None
+        )
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
-        return UpdateSum(total, float(sum(weights_)), len(users), float(losses.double().sum()),
-                         per)
+        return UpdateSum(total, float(sum(weights_)), len(users), float(losses.double().sum()), per)
 
-    def evaluate(self, weights: np.ndarray, users: list[int], round_: int,
-                 draws: int) -> list[dict]:
+    def evaluate(
+        self, weights: np.ndarray, users: list[int], round_: int, draws: int
+    ) -> list[dict]:
         """The given hosted users' personalised scores for the global weights."""
         params = self.flat.unflatten(weights, self.device)
-        return [dataclasses.asdict(row) for user in users
-                for row in self.learner.evaluate(params, user, round_, draws)]
+        return [
+            dataclasses.asdict(row)
+            for user in users
+            for row in self.learner.evaluate(params, user, round_, draws)
+        ]
 
     def user_states(self) -> dict[int, np.ndarray]:
         """The hosted users' per-user states (empty for methods that keep none)."""

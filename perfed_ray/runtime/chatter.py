@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 
-HIDDEN = ("worker processes have been started on node",
-          "Token authentication is enabled for this Ray cluster")
+HIDDEN = (
+    "worker processes have been started on node",
+    "Token authentication is enabled for this Ray cluster",
+)
 
 
 class _Hide(logging.Filter):
@@ -32,8 +34,7 @@ def hide() -> None:
         return
 
     def print_to_stdstream(data, *args, **kwargs):
-        lines = [line for line in data.get("lines", [])
-                 if not any(text in line for text in HIDDEN)]
+        lines = [line for line in data.get("lines", []) if not any(text in line for text in HIDDEN)]
         if lines:
             printer({**data, "lines": lines}, *args, **kwargs)
 

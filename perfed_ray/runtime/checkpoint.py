@@ -92,27 +92,46 @@ class RunStore:
         try:
             return RunRecord(**json.loads(path.read_text()))
         except FileNotFoundError:
-            raise ConfigError(f"{path} does not exist: {self.folder} is not the folder of "
-                              f"a run that can be resumed") from None
+            raise ConfigError(
+                f"{path} does not exist: {self.folder} is not the folder of "
+                f"a run that can be resumed"
+            ) from None
         except (ValueError, TypeError) as err:
-            raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
-                              f"start it again") from None
+            raise ConfigError(
+                f"{path} is damaged ({err}): this run cannot be resumed; start it again"
+            ) from None
 
     def save(self, checkpoint: Checkpoint) -> None:
-        meta = json.dumps({"round": checkpoint.round, "rows": checkpoint.rows,
-                           "wall_seconds": checkpoint.wall_seconds,
-                           "accuracy": checkpoint.accuracy})
+        meta = json.dumps(
+            {
+                "round": checkpoint.round,
+                "rows": checkpoint.rows,
+                "wall_seconds": checkpoint.wall_seconds,
+                "accuracy": checkpoint.accuracy,
+            }
+        )
 
         def write(tmp: Path) -> None:
             users = sorted(checkpoint.states)
-            states = (np.stack([checkpoint.states[u] for u in users]) if users else
-                      np.zeros((0, 0), np.float32))
+            states = (
+                np.stack([checkpoint.states[u] for u in users])
+                if users
+                else np.zeros((0, 0), np.float32)
+            )
             with open(tmp, "wb") as file:  # a file object: np.savez would add ".npz"
-                np.savez(file, weights=checkpoint.weights, meta=np.array(meta),
-                         state_users=np.array(users, dtype=np.int64), states=states)
+                np.savez(
+                    file,
+                    weights=checkpoint.weights,
+                    meta=np.array(meta),
+                    state_users=np.array(users, dtype=np.int64),
+                    states=states,
+                )
 
-        write_atomically(self.folder / "checkpoint.npz", write,
-                         lambda: faults.crash_at("driver-checkpoint", checkpoint.round))
+        write_atomically(
+            self.folder / "checkpoint.npz",
+            write,
+            lambda: faults.crash_at("driver-checkpoint", checkpoint.round),
+        )
 
     def load(self) -> Checkpoint | None:
         """The last checkpoint, or None if the run stopped before its first."""
@@ -126,15 +145,19 @@ class RunStore:
                 users = saved.get("state_users", [])  # none before per-user state
                 states = {int(u): saved["states"][i] for i, u in enumerate(users)}
         except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(f"{path} is damaged ({err}): this run cannot be resumed; "
-                              f"start it again") from None
+            raise ConfigError(
+                f"{path} is damaged ({err}): this run cannot be resumed; start it again"
+            ) from None
         if "rows" not in meta:  # it counts part files, which this version's writer replaces
-            raise ConfigError(f"{path} was written by a perfed-ray older than one results file "
-                              f"per table and run: resume it with that version, or start "
-                              f"it again")
+            raise ConfigError(
+                f"{path} was written by a perfed-ray older than one results file "
+                f"per table and run: resume it with that version, or start "
+                f"it again"
+            )
         accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
-        return Checkpoint(meta["round"], weights, meta["rows"], meta["wall_seconds"],
-                          accuracy, states)
+        return Checkpoint(
+            meta["round"], weights, meta["rows"], meta["wall_seconds"], accuracy, states
+        )
 
 
 def locate(run_dir: str | Path) -> tuple[Path, str]:
@@ -143,6 +166,8 @@ def locate(run_dir: str | Path) -> tuple[Path, str]:
     path = Path(run_dir)
     match = _RUN_ID.fullmatch(path.name)
     if not path.is_dir() or not match:
-        raise ConfigError(f"--resume {str(run_dir)!r} is not a run folder: give "
-                          f"<results>/checkpoints/run_id=<id> (printed when the run started)")
+        raise ConfigError(
+            f"--resume {str(run_dir)!r} is not a run folder: give "
+            f"<results>/checkpoints/run_id=<id> (printed when the run started)"
+        )
     return path.parent.parent, match.group(1)

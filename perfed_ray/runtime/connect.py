@@ -47,8 +47,10 @@ def cluster_address(flag: str | None) -> str | None:
 def runtime_env(modules: list[str] = ()) -> dict[str, object]:
     """What every worker of the run needs besides the node's Python: this package, and
     the user's own modules (:func:`perfed_ray.runtime.environment.plugin_modules`)."""
-    return {"py_modules": [str(Path(perfed_ray.__file__).parent), *modules],
-            "excludes": ["__pycache__", "*.pyc"]}
+    return {
+        "py_modules": [str(Path(perfed_ray.__file__).parent), *modules],
+        "excludes": ["__pycache__", "*.pyc"],
+    }
 
 
 def connect(address: str, modules: list[str] = ()) -> None:
@@ -59,8 +61,9 @@ def connect(address: str, modules: list[str] = ()) -> None:
     os.environ.setdefault(_GCS_ATTEMPTS, "3")
     with _stderr_kept_if_ok() as failed:
         try:
-            ray.init(address=address, runtime_env=runtime_env(modules),
-                     logging_level=logging.WARNING)
+            ray.init(
+                address=address, runtime_env=runtime_env(modules), logging_level=logging.WARNING
+            )
         except Exception as err:
             failed()
             raise InputError(_explain(address, err)) from None
@@ -72,36 +75,43 @@ def _check_reachable(address: str) -> None:
         return  # Ray finds the local cluster itself, and says so at once if there is none
     scheme, _, rest = address.rpartition("://")
     if scheme not in ("", "ray"):
-        raise InputError(f"--address {address!r} is not a Ray address: use auto, HOST:PORT "
-                         f"(the head's GCS port, 6379 by default) or ray://HOST:PORT")
+        raise InputError(
+            f"--address {address!r} is not a Ray address: use auto, HOST:PORT "
+            f"(the head's GCS port, 6379 by default) or ray://HOST:PORT"
+        )
     try:
         parts = urlsplit("//" + rest)
         host, port = parts.hostname, parts.port or (10001 if scheme else 6379)
     except ValueError as err:
         raise InputError(f"--address {address!r} is malformed: {err}") from None
     if not host:
-        raise InputError(f"--address {address!r} names no host: use HOST:PORT or "
-                         f"ray://HOST:PORT")
+        raise InputError(f"--address {address!r} names no host: use HOST:PORT or ray://HOST:PORT")
     try:
         socket.create_connection((host, port), timeout=_REACH_TIMEOUT_S).close()
     except OSError as err:
-        raise InputError(f"cannot reach a Ray cluster at {address} ({err.strerror or err}): "
-                         f"is it up, and is this the head's address and port?") from None
+        raise InputError(
+            f"cannot reach a Ray cluster at {address} ({err.strerror or err}): "
+            f"is it up, and is this the head's address and port?"
+        ) from None
 
 
 def _explain(address: str, err: Exception) -> str:
     """One line saying why Ray at `address` would not take this driver, and the fix."""
     detail = f"{err} {err.__cause__}"
-    fix = ("export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or put it in "
-           "~/.ray/auth_token), see cluster/README.md")
+    fix = (
+        "export RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or put it in "
+        "~/.ray/auth_token), see cluster/README.md"
+    )
     if os.environ.get("RAY_AUTH_MODE") != "token":
         fix += "; RAY_AUTH_MODE is not 'token' in this shell, so no token was sent"
     if isinstance(err, AuthenticationError) or any(s in detail for s in _REFUSED):
         return f"the Ray cluster at {address} refused this client's token: {fix}"
     first = (str(err).strip() or type(err).__name__).splitlines()[0]
     if address.startswith("ray://"):  # the Ray Client shows a refused token as a timeout
-        return (f"cannot connect to the Ray client server at {address}: {first}; if the port "
-                f"is reachable, the token is missing or wrong: {fix}")
+        return (
+            f"cannot connect to the Ray client server at {address}: {first}; if the port "
+            f"is reachable, the token is missing or wrong: {fix}"
+        )
     return f"cannot connect to the Ray cluster at {address}: {first}"
 
 

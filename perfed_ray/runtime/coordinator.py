@@ -30,9 +30,11 @@ class Diverged(RuntimeError):
 
     def __init__(self, round_: int, users: list[int]) -> None:
         shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
-        super().__init__(f"training diverged in round {round_}: NaN or infinite weights or "
-                         f"losses from users {shown} (actors holding them); the global model "
-                         f"of round {round_ - 1} is the last good one; lower beta or alpha")
+        super().__init__(
+            f"training diverged in round {round_}: NaN or infinite weights or "
+            f"losses from users {shown} (actors holding them); the global model "
+            f"of round {round_ - 1} is the last good one; lower beta or alpha"
+        )
         self.round = round_
         self.users = users
 
@@ -52,10 +54,19 @@ class Coordinator:
     """Runs the rounds of one simulation over a pool of user actors, from round 0 or
     from a checkpoint, writing rows and checkpoints as it goes."""
 
-    def __init__(self, cfg: RunConfig, pool: ActorPool, weights: np.ndarray,
-                 strategy: Strategy, server: Server, writer: RunWriter, store: RunStore,
-                 on_progress: Callable[[Progress], None] | None = None,
-                 resume_from: Checkpoint | None = None, clock: float | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        pool: ActorPool,
+        weights: np.ndarray,
+        strategy: Strategy,
+        server: Server,
+        writer: RunWriter,
+        store: RunStore,
+        on_progress: Callable[[Progress], None] | None = None,
+        resume_from: Checkpoint | None = None,
+        clock: float | None = None,
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.strategy = strategy
@@ -90,12 +101,15 @@ class Coordinator:
         who = self.strategy.participation(round_, users)
         for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
             if gone:
-                self.writer.add("events", [{"round": round_, "kind": kind, "actor": None,
-                                            "users": gone, "detail": None}])
+                self.writer.add(
+                    "events",
+                    [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
+                )
         by_actor = self._by_actor(who.reporting)
         ref = ray.put(self.weights)
-        parts = self.pool.gather(round_, "train",
-                                 {a: (ref, us, round_) for a, us in by_actor.items()})
+        parts = self.pool.gather(
+            round_, "train", {a: (ref, us, round_) for a, us in by_actor.items()}
+        )
         faults.crash_at("driver-round", round_)
         total = np.zeros(self.weights.shape, dtype=np.float64)
         loss_sum, weight, received, diverged = 0.0, 0.0, 0, []
@@ -128,8 +142,9 @@ class Coordinator:
         draws = self.cfg.final_eval_draws if final else 1
         ref = ray.put(self.weights)
         users = self._by_actor(self.strategy.evaluated(round_, final))
-        batches = self.pool.gather(round_, "evaluate",
-                                   {a: (ref, us, round_, draws) for a, us in users.items()})
+        batches = self.pool.gather(
+            round_, "evaluate", {a: (ref, us, round_, draws) for a, us in users.items()}
+        )
         faults.crash_at("driver-eval", round_)
         scores = dict(batches)
         rows = [row for a in sorted(scores) for row in scores[a]]
@@ -142,10 +157,23 @@ class Coordinator:
         """Write the rows so far, then the state after round k that counts them: the
         global model and every user's per-user state, fetched from the actors."""
         self.writer.flush()
-        states = {u: s for _, part in self.pool.gather(round_, "user_states", dict.fromkeys(
-            range(len(self.pool.blocks)), ())) for u, s in part.items()}
-        self.store.save(Checkpoint(round_, self.weights, dict(self.writer.rows),
-                                   self.wall_seconds(), self.last_accuracy, states))
+        states = {
+            u: s
+            for _, part in self.pool.gather(
+                round_, "user_states", dict.fromkeys(range(len(self.pool.blocks)), ())
+            )
+            for u, s in part.items()
+        }
+        self.store.save(
+            Checkpoint(
+                round_,
+                self.weights,
+                dict(self.writer.rows),
+                self.wall_seconds(),
+                self.last_accuracy,
+                states,
+            )
+        )
 
     def wall_seconds(self) -> float:
         """Seconds spent on this run, over all sittings up to their last checkpoint."""

@@ -30,9 +30,13 @@ Components = dict[str, Any]  # configuration key -> the component it names
 
 def _foreign(cfg: RunConfig) -> dict[str, str]:
     """Registry keys whose value is not a built-in name: key -> name."""
-    return {key: getattr(cfg, key) for key, f in FIELDS.items()
-            if f.metadata["registry"] and isinstance(getattr(cfg, key), str)
-            and getattr(cfg, key) not in REGISTRIES[key].builtins}
+    return {
+        key: getattr(cfg, key)
+        for key, f in FIELDS.items()
+        if f.metadata["registry"]
+        and isinstance(getattr(cfg, key), str)
+        and getattr(cfg, key) not in REGISTRIES[key].builtins
+    }
 
 
 def _shippable(module: str) -> str | None:
@@ -48,8 +52,9 @@ def _shippable(module: str) -> str | None:
 def plugin_modules(cfg: RunConfig) -> list[str]:
     """Local paths of the top-level packages or modules that dotted paths in `cfg` name:
     what the job's runtime_env ships."""
-    tops = {name.partition(":")[0].split(".")[0] for name in _foreign(cfg).values()
-            if is_dotted(name)}
+    tops = {
+        name.partition(":")[0].split(".")[0] for name in _foreign(cfg).values() if is_dotted(name)
+    }
     return sorted(p for p in map(_shippable, tops) if p)
 
 

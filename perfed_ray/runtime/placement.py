@@ -78,9 +78,11 @@ def with_resources(cfg: RunConfig, nodes: Nodes, blocks: list[list[int]]) -> Pla
     cpus, gpus = capacity(cfg, nodes)
     want_cpus, want_gpus = cfg.num_cpus_per_actor, cfg.num_gpus_per_actor
     # Ray accepts resource requests in units of 1e-4.
-    return Placement(blocks,
-                     _floor4(min(1.0, (cpus or 1.0) / n) if want_cpus is None else want_cpus),
-                     _floor4(min(1.0, gpus / n) if want_gpus is None else want_gpus))
+    return Placement(
+        blocks,
+        _floor4(min(1.0, (cpus or 1.0) / n) if want_cpus is None else want_cpus),
+        _floor4(min(1.0, gpus / n) if want_gpus is None else want_gpus),
+    )
 
 
 def _floor4(x: float) -> float:

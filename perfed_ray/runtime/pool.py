@@ -31,13 +31,15 @@ Record = Callable[[str, list[dict[str, Any]]], None]  # (table, rows)
 class WorkFailed(RuntimeError):
     """An actor died more often in one round than the run allows."""
 
-    def __init__(self, round_: int, actor: int, users: list[int], attempts: int,
-                 detail: str) -> None:
+    def __init__(
+        self, round_: int, actor: int, users: list[int], attempts: int, detail: str
+    ) -> None:
         super().__init__(
             f"round {round_}: the actor hosting users {_shown(users)} died {attempts} times "
             f"(last: {detail}); stopping rather than retrying for ever. Look for what kills "
             f"it (memory, a failing node) in the Ray logs (/tmp/ray/session_latest/logs), "
-            f"then continue with --resume, or raise actor_retries")
+            f"then continue with --resume, or raise actor_retries"
+        )
         self.round = round_
         self.users = users
 
@@ -46,17 +48,23 @@ class StateLost(RuntimeError):
     """An actor hosting users with per-user state died: the run must roll back."""
 
     def __init__(self, round_: int, actor: int, users: list[int], detail: str) -> None:
-        super().__init__(f"round {round_}: the actor hosting users {_shown(users)} died "
-                         f"({detail}) with their per-user state")
+        super().__init__(
+            f"round {round_}: the actor hosting users {_shown(users)} died "
+            f"({detail}) with their per-user state"
+        )
         self.round, self.actor, self.users, self.detail = round_, actor, users, detail
 
     def event(self, checkpoint_round: int) -> dict[str, Any]:
         """The `events` row of the roll-back."""
-        return {"round": self.round, "kind": "actor-died", "actor": self.actor,
-                "users": self.users,
-                "detail": f"{self.detail}; per-user state lost: every actor rolled back to "
-                          f"the checkpoint of round {checkpoint_round} and the rounds after "
-                          f"it replayed"}
+        return {
+            "round": self.round,
+            "kind": "actor-died",
+            "actor": self.actor,
+            "users": self.users,
+            "detail": f"{self.detail}; per-user state lost: every actor rolled back to "
+            f"the checkpoint of round {checkpoint_round} and the rounds after "
+            f"it replayed",
+        }
 
     def failed(self, attempts: int) -> WorkFailed:
         return WorkFailed(self.round, self.actor, self.users, attempts, self.detail)
@@ -75,9 +83,15 @@ class ActorPool:
     """Actor i hosts blocks[i]; `record` receives the rows of `events` and `actors`;
     without `replaceable` (users with per-user state) a death raises StateLost."""
 
-    def __init__(self, blocks: list[list[int]], start_actor: ActorFactory, retries: int,
-                 record: Record, replaceable: bool = True,
-                 incarnations: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        blocks: list[list[int]],
+        start_actor: ActorFactory,
+        retries: int,
+        record: Record,
+        replaceable: bool = True,
+        incarnations: list[int] | None = None,
+    ) -> None:
         self.blocks = blocks
         self.replaceable = replaceable
         self.start_actor = start_actor
@@ -89,8 +103,7 @@ class ActorPool:
     def start(self, from_round: int) -> None:
         """Start every actor and wait until all hold their shards."""
         self.actors = [self.start_actor(i, self.incarnations[i]) for i in range(len(self.blocks))]
-        self.record("actors", [self._row(i, d, from_round)
-                               for i, d in enumerate(self.describe())])
+        self.record("actors", [self._row(i, d, from_round) for i, d in enumerate(self.describe())])
 
     def describe(self) -> list[dict[str, Any]]:
         return ray.get([a.describe.remote() for a in self.actors])
@@ -99,8 +112,7 @@ class ActorPool:
         for actor in self.actors:
             ray.kill(actor)
 
-    def gather(self, round_: int, method: str,
-               args: dict[int, tuple]) -> Iterator[tuple[int, Any]]:
+    def gather(self, round_: int, method: str, args: dict[int, tuple]) -> Iterator[tuple[int, Any]]:
         """Call ``method(*args[i])`` on every actor i now; the iterator yields (i, result)
         in the order results arrive, re-running a call whose actor died."""
         pending = {self._call(i, method, a): i for i, a in args.items()}
@@ -109,8 +121,9 @@ class ActorPool:
     def _call(self, i: int, method: str, args: tuple) -> ray.ObjectRef:
         return getattr(self.actors[i], method).remote(*args)
 
-    def _collect(self, round_: int, method: str, args: dict[int, tuple],
-                 pending: dict[ray.ObjectRef, int]) -> Iterator[tuple[int, Any]]:
+    def _collect(
+        self, round_: int, method: str, args: dict[int, tuple], pending: dict[ray.ObjectRef, int]
+    ) -> Iterator[tuple[int, Any]]:
         failures: Counter[int] = Counter()
         while pending:
             [done], _ = ray.wait(list(pending), num_returns=1)
@@ -125,8 +138,7 @@ class ActorPool:
                 continue
             yield i, result
 
-    def _replace(self, i: int, round_: int, err: BaseException,
-                 failures: Counter[int]) -> None:
+    def _replace(self, i: int, round_: int, err: BaseException, failures: Counter[int]) -> None:
         """Start a new incarnation of actor i; raise WorkFailed past the retry limit."""
         while True:
             failures[i] += 1
@@ -135,10 +147,19 @@ class ActorPool:
             ray.kill(self.actors[i], no_restart=True)
             self.incarnations[i] += 1
             self.actors[i] = self.start_actor(i, self.incarnations[i])
-            self.record("events", [{
-                "round": round_, "kind": "actor-died", "actor": i, "users": self.blocks[i],
-                "detail": f"{_first_line(err)}; replaced by incarnation "
-                          f"{self.incarnations[i]}, which reloaded the users' shards"}])
+            self.record(
+                "events",
+                [
+                    {
+                        "round": round_,
+                        "kind": "actor-died",
+                        "actor": i,
+                        "users": self.blocks[i],
+                        "detail": f"{_first_line(err)}; replaced by incarnation "
+                        f"{self.incarnations[i]}, which reloaded the users' shards",
+                    }
+                ],
+            )
             try:
                 described = ray.get(self.actors[i].describe.remote())
             except RayActorError as again:
@@ -148,7 +169,14 @@ class ActorPool:
             return
 
     def _row(self, i: int, described: dict[str, Any], from_round: int) -> dict[str, Any]:
-        return {"actor": i, "incarnation": self.incarnations[i], "from_round": from_round,
-                "users": self.blocks[i], "node_id": described["node_id"],
-                "node_ip": described["node_ip"], "pid": described["pid"],
-                "device": described["device"], "gpu_ids": described["gpu_ids"]}
+        return {
+            "actor": i,
+            "incarnation": self.incarnations[i],
+            "from_round": from_round,
+            "users": self.blocks[i],
+            "node_id": described["node_id"],
+            "node_ip": described["node_ip"],
+            "pid": described["pid"],
+            "device": described["device"],
+            "gpu_ids": described["gpu_ids"],
+        }

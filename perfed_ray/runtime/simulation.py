@@ -70,9 +70,15 @@ class Prepared:
         cfg = self.cfg
         if self.data is None:
             return SyntheticShards(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta)
-        return PartitionedShards(cfg.dataset, str(cfg.data_root), cfg.seed,
-                                 {u: self.users[u] for u in block}, self.data.input_shape,
-                                 self.data.n_classes, self.scaling)
+        return PartitionedShards(
+            cfg.dataset,
+            str(cfg.data_root),
+            cfg.seed,
+            {u: self.users[u] for u in block},
+            self.data.input_shape,
+            self.data.n_classes,
+            self.scaling,
+        )
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -83,8 +89,9 @@ def prepare(cfg: RunConfig) -> Prepared:
     """
     if dataset(cfg.dataset).load is None:
         return Prepared(cfg, None, None)
-    cfg = cfg.replace(data_root=str(resolve_root(cfg.data_root)),
-                      paper_a=cfg.paper_a or paper_a(cfg.dataset))
+    cfg = cfg.replace(
+        data_root=str(resolve_root(cfg.data_root)), paper_a=cfg.paper_a or paper_a(cfg.dataset)
+    )
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
 
@@ -121,8 +128,9 @@ def new_run_id(cfg: RunConfig) -> str:
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{cfg.algorithm}-{secrets.token_hex(3)}"
 
 
-def actor_factory(prepared: Prepared, placement: Placement,
-                  checkpoint: Checkpoint | None = None) -> ActorFactory:
+def actor_factory(
+    prepared: Prepared, placement: Placement, checkpoint: Checkpoint | None = None
+) -> ActorFactory:
     """How to start (or restart) actor i: its block's shards come from the data set,
     put once in the object store and shared, or from the data root the actor reads;
     its users' per-user states from the checkpoint the run continues from; the user's
@@ -136,10 +144,22 @@ def actor_factory(prepared: Prepared, placement: Placement,
         block = placement.blocks[actor]
         states = checkpoint.states_of(block) if checkpoint else None
         return UserActor.options(
-            num_cpus=placement.num_cpus, num_gpus=placement.num_gpus,
-            scheduling_strategy="SPREAD", runtime_env=faults.actor_env(),
-        ).remote(cfg, block, prepared.source(block), data_ref, placement.num_cpus,
-                 placement.num_gpus, actor, incarnation, states, found)
+            num_cpus=placement.num_cpus,
+            num_gpus=placement.num_gpus,
+            scheduling_strategy="SPREAD",
+            runtime_env=faults.actor_env(),
+        ).remote(
+            cfg,
+            block,
+            prepared.source(block),
+            data_ref,
+            placement.num_cpus,
+            placement.num_gpus,
+            actor,
+            incarnation,
+            states,
+            found,
+        )
 
     return start
 
@@ -166,20 +186,30 @@ def _nodes() -> list[dict[str, float]]:
 
 def _peak_memory(pool: ActorPool) -> dict[str, int]:
     """Peak resident memory of the driver and of all actors together."""
-    return {"driver_peak_memory_bytes": peak_memory_bytes(),
-            "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in pool.describe())}
+    return {
+        "driver_peak_memory_bytes": peak_memory_bytes(),
+        "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in pool.describe()),
+    }
 
 
-def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] | None = None,
-        run_id: str | None = None, resume: bool = False) -> str:
+def run(
+    prepared: Prepared,
+    out: Path,
+    on_progress: Callable[[Progress], None] | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+) -> str:
     """Run one simulation on the connected Ray cluster (a local one if none), or with
     `resume`, continue run `run_id` from its last checkpoint; returns the run id.
     The runs row says `finished` only if every round ran."""
     cfg = prepared.cfg
     if not ray.is_initialized():
         modules = plugin_modules(cfg)
-        ray.init(include_dashboard=False, logging_level=logging.WARNING,
-                 runtime_env={"py_modules": modules} if modules else None)
+        ray.init(
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            runtime_env={"py_modules": modules} if modules else None,
+        )
     run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
     store = RunStore(out, run_id)
@@ -194,8 +224,14 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         placement = plan(cfg, _nodes())
         cfg = resolve_execution(cfg, model, len(placement.blocks))
         prepared = dataclasses.replace(prepared, cfg=cfg)
-        record = RunRecord(run_id, cfg.to_dict(), placement.blocks,
-                           datetime.now(UTC).isoformat(), " ".join(sys.argv), driver=_driver())
+        record = RunRecord(
+            run_id,
+            cfg.to_dict(),
+            placement.blocks,
+            datetime.now(UTC).isoformat(),
+            " ".join(sys.argv),
+            driver=_driver(),
+        )
     writer = RunWriter(out, run_id, cfg)
     if resume:
         writer.resume(checkpoint.rows if checkpoint else {})
@@ -203,23 +239,34 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
     template = params_of(model)
     server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg)
     stateful = server.algorithm.init_user_state(template) is not None
-    row = {"status": "running", "started_at": datetime.fromisoformat(record.started_at),
-           "resumes": record.resumes, "command": record.command,
-           "n_actors": len(placement.blocks), "actor_cpus": placement.num_cpus,
-           "actor_gpus": placement.num_gpus,
-           "rounds_done": checkpoint.round if checkpoint else 0, **_versions()}
+    row = {
+        "status": "running",
+        "started_at": datetime.fromisoformat(record.started_at),
+        "resumes": record.resumes,
+        "command": record.command,
+        "n_actors": len(placement.blocks),
+        "actor_cpus": placement.num_cpus,
+        "actor_gpus": placement.num_gpus,
+        "rounds_done": checkpoint.round if checkpoint else 0,
+        **_versions(),
+    }
     writer.write_run(row)
     rollbacks, incarnations = 0, None
     pool = coordinator = None
     try:
         while True:
-            pool = ActorPool(placement.blocks, actor_factory(prepared, placement, checkpoint),
-                             cfg.actor_retries, writer.add, replaceable=not stateful,
-                             incarnations=incarnations)
-            weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(
-                template)
-            coordinator = Coordinator(cfg, pool, weights, strategy, server, writer, store,
-                                      on_progress, checkpoint, clock)
+            pool = ActorPool(
+                placement.blocks,
+                actor_factory(prepared, placement, checkpoint),
+                cfg.actor_retries,
+                writer.add,
+                replaceable=not stateful,
+                incarnations=incarnations,
+            )
+            weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
+            coordinator = Coordinator(
+                cfg, pool, weights, strategy, server, writer, store, on_progress, checkpoint, clock
+            )
             try:
                 pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
                 row.setdefault("startup_seconds", time.perf_counter() - clock)
@@ -237,15 +284,19 @@ def run(prepared: Prepared, out: Path, on_progress: Callable[[Progress], None] |
         row["status"] = "finished"
         row.update(_peak_memory(pool))
     except BaseException as err:
-        row["status"] = ("interrupted" if isinstance(err, KeyboardInterrupt) else
-                         "diverged" if isinstance(err, Diverged) else "failed")
+        row["status"] = (
+            "interrupted"
+            if isinstance(err, KeyboardInterrupt)
+            else "diverged"
+            if isinstance(err, Diverged)
+            else "failed"
+        )
         row["error"] = f"{type(err).__name__}: {err}"
         raise
     finally:
         writer.flush()
         if coordinator is not None:
-            row.update(wall_seconds=coordinator.wall_seconds(),
-                       rounds_done=coordinator.rounds_done)
+            row.update(wall_seconds=coordinator.wall_seconds(), rounds_done=coordinator.rounds_done)
         row.update(ended_at=datetime.now(UTC))
         writer.write_run(row)
         if pool is not None:
