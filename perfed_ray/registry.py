@@ -56,12 +56,15 @@ def import_object(path: str) -> Any:
 @dataclass
 class Registry:
     """Components of one concept by name; `group` is the entry-point group that other
-    packages register theirs under."""
+    packages register theirs under; `base`, the class a user's component must subclass
+    (or be an instance of, for `instance`), checked when a configuration names it."""
 
     concept: str
     key: str  # the configuration key that names one
     builtins: Mapping[str, str]  # name -> "module:attribute"
     group: str = ""
+    base: str = ""  # "module:Class"
+    instance: bool = False
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _entry_points(self) -> dict[str, str]:
@@ -91,11 +94,27 @@ class Registry:
         return paths[name]
 
     def check(self, name: str) -> None:
-        """Raise ConfigError unless `name` is registered or a dotted path that imports;
-        built-in names are trusted without importing them."""
+        """Raise ConfigError unless `name` is registered or a dotted path that imports
+        to a component of the right kind; built-in names are trusted without importing
+        them."""
         if name in self.builtins:
             return
-        self.load(name)
+        obj = self.load(name)
+        if not self.base:
+            return
+        base = import_object(self.base)
+        fits = (
+            isinstance(obj, base)
+            if self.instance
+            else isinstance(obj, type) and issubclass(obj, base)
+        )
+        if not fits:
+            kind = "an instance" if self.instance else "a subclass"
+            raise ConfigError(
+                f"{self.key} = {name!r} names {obj!r}, which is not {kind} of "
+                f"{self.base.replace(':', '.')}: see the README's \"Add your "
+                f'own algorithm"'
+            )
 
     def load(self, name: str) -> Any:
         """The component itself (imported on first use)."""
@@ -121,6 +140,7 @@ ALGORITHMS = Registry(
         "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
     },
     group="perfed_ray.algorithms",
+    base="perfed_ray.algorithms.base:Algorithm",
 )
 
 MODELS = Registry(
@@ -131,6 +151,7 @@ MODELS = Registry(
         "cnn": "perfed_ray.models:CNN",
     },
     group="perfed_ray.models",
+    base="torch.nn:Module",
 )
 
 DATASETS = Registry(
@@ -143,6 +164,8 @@ DATASETS = Registry(
         "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
     },
     group="perfed_ray.datasets",
+    base="perfed_ray.data.datasets:Dataset",
+    instance=True,
 )
 
 PARTITIONERS = Registry(
@@ -166,6 +189,7 @@ ENGINES = Registry(
         "vmap": "perfed_ray.engines.vmap:Vmap",
         "fused": "perfed_ray.engines.fused:Fused",
     },
+    base="perfed_ray.engines.base:Engine",
 )
 
 STRATEGIES = Registry(
@@ -175,6 +199,7 @@ STRATEGIES = Registry(
         "uniform": "perfed_ray.strategy:Strategy",
     },
     group="perfed_ray.strategies",
+    base="perfed_ray.strategy:Strategy",
 )
 
 REGISTRIES = {r.key: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, ENGINES, STRATEGIES)}

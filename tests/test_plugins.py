@@ -79,6 +79,10 @@ def test_unknown_names_and_bad_paths_are_one_line_errors(on_path):
         from_mapping({"algorithm": "nowhere:Reptile"})
     with pytest.raises(ConfigError, match=r"module 'reptile_fl' has no 'Reptil'"):
         from_mapping({"algorithm": "reptile_fl:Reptil"})
+    with pytest.raises(ConfigError, match=r"not a subclass of perfed_ray.algorithms.base.Algo"):
+        from_mapping({"algorithm": "reptile_fl:tree_map"})  # a function, not a method
+    with pytest.raises(ConfigError, match=r"not a subclass of torch.nn.Module"):
+        from_mapping({"model": "reptile_fl:Reptile"})
 
 
 def test_an_entry_point_registers_a_name(on_path, monkeypatch):

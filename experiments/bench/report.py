@@ -98,7 +98,7 @@ def scale_section() -> list[str]:
         "## Scale: Synthetic(1, 1), 100 users per round",
         "",
         "`python experiments/bench/scale.py` (Per-FedAvg (HF), MLP, batch 40, tau = 10, "
-        "users_per_actor auto, batched training).",
+        "default placement: one actor per core, fused engine).",
         "",
         _machine(frame),
         "",
@@ -109,40 +109,61 @@ def scale_section() -> list[str]:
 
 
 LARGEST = """n = 100,000 was not run: the actors' memory grows by about 1 GB from 100 to
-10,000 users (every shard stays resident), so 100,000 users would need about 11 GB
-more, well past the 6 GB budget."""
+10,000 users (every shard stays resident), so 100,000 users would need about 10 GB
+more, well past the 6 GB budget (the issue "A million users" takes this on)."""
 
-# Written after reading the figures below; the report prints them beside the targets.
-NOTES = [
-    "What the figures say, and why two targets are missed:",
-    "",
-    "- The fused engine is what moved: on one thread it runs a round's users at 1.3 to "
-    "2.7 times the plain loop (HF 2.7x, about half the core's GEMM peak), and compiled "
-    "its step gains another 10 to 60% (exact Per-FedAvg most: its forward-over-reverse "
-    "product is many small operations). The per-user loop with all threads is no faster "
-    "than with one: its matrix products are too small to split.",
-    "- On Ray, HF reaches 2,000 user-steps/s on the two cores with the step compiled "
-    "(`compile: true`) and about 1,950 without: the 10 users a round falls into the two "
-    "actors' halves of the population at random (5 and 5 in only about one round of "
-    "four), and the busier actor sets the round's pace, so two actors deliver about 1.6 "
-    "cores' worth, not 2. One actor with both cores (`num_cpus_per_actor: 2`) has no "
-    "imbalance, and in a process of its own its engine gains about 1.7x from the second "
-    "thread (`fused, all threads`), but inside Ray, beside the driver and the raylet on "
-    "the same two cores, its two threads wait on each other and it ends up slower. "
-    "Actors of half a core (`num_cpus_per_actor: 0.5`, four actors) are slower again: "
-    "more calls per round, four processes on two cores.",
-    "- FedAvg misses 6,000 (see the table): a FedAvg user-round is about 2 ms of "
-    "arithmetic (`fused, 1 thread`), and every round also pays Ray's call and result "
-    "transfer per actor, 30 random permutations per user to draw D, D' and D'' exactly "
-    "as the committed runs did, and the imbalance above. Figures on this shared VM move "
-    "by up to 20% between runs of the same command (CPU steal).",
-    "- The whole 300-round run is not 4 times faster than the single-thread loop: its "
-    "rounds are about 60% of it (`rounds_seconds`; the rest is Python and Ray "
-    "start-up, data loading, 16 evaluations of all 50 users and 15 checkpoints), and "
-    "the loop here is this "
-    "project's `sequential` engine, which gathers batches with `index_select` and "
-    "updates in one pass (70 s for 300 rounds, where the issue's plain loop took 128 s).",
-]
+
+def notes(frame: pd.DataFrame) -> list[str]:
+    """What the throughput figures say, every number read from them."""
+    rate = frame[frame["kind"] == "engine"].pivot(
+        index="mode", columns="algorithm", values="user_steps_per_second"
+    )
+    fused = rate.loc["fused, 1 thread"] / rate.loc["loop, 1 thread"]
+    compiled = rate.loc["fused + compile, 1 thread"] / rate.loc["fused, 1 thread"] - 1
+    threads = rate.loc["fused, all threads"] / rate.loc["fused, 1 thread"]
+    hf = rate["perfedavg-hf"]
+    whole = frame[frame["kind"] == "whole-run"].set_index("mode")
+    run = whole[whole.index.str.startswith("perfed-ray run, 300")]
+    share = (
+        ""
+        if run.empty
+        else (
+            f" its rounds are {100 * run['rounds_seconds'].iloc[0] / run['seconds'].iloc[0]:.0f}% "
+            "of it (`rounds_seconds`; the rest is Python and Ray start-up, data loading, 16 "
+            "evaluations of all 50 users and 15 checkpoints), and"
+        )
+    )
+    return [
+        "What the figures say, and why targets are missed:",
+        "",
+        f"- The fused engine is what moved: on one thread it runs a round's users at "
+        f"{fused.min():.1f} to {fused.max():.1f} times the plain loop, and compiling its "
+        f"step gains another {100 * compiled.min():.0f} to {100 * compiled.max():.0f}% "
+        "(exact Per-FedAvg most: its forward-over-reverse product is many small operations). "
+        "The per-user loop gains little or nothing from a second thread (its matrix "
+        "products are too small to split); the fused engine gains "
+        f"{threads.min():.1f} to {threads.max():.1f}x.",
+        f"- On Ray, HF's best here is {hf[hf.index.str.startswith('ray')].max():,.0f} "
+        f"user-steps/s (uncompiled, default placement: {hf['ray fused']:,.0f}), at the "
+        "2,000 target's edge: runs of this command on this shared VM differ noticeably "
+        "(CPU steal). Two actors deliver well under two cores' worth: the 10 users a round "
+        "falls into the two actors' halves of the population at random (5 and 5 in only "
+        "about one round of four), and the busier actor sets the round's pace. One actor "
+        "with both cores (`num_cpus_per_actor: 2`) has no imbalance and its engine gains "
+        "from the second thread in a process of its own (`fused, all threads`), but inside "
+        "Ray, beside the driver and the raylet on the same two cores, its two threads wait "
+        "on each other and it ends up slower.",
+        f"- FedAvg's best on Ray is {rate['fedavg'][rate.index.str.startswith('ray')].max():,.0f}"
+        " user-steps/s: a FedAvg user-round is about "
+        f"{10 * 1000 / rate.loc['fused, 1 thread', 'fedavg']:.0f} ms of arithmetic "
+        "(`fused, 1 thread`), and every round also pays Ray's call and result transfer per "
+        "actor, 30 random permutations per user to draw D, D' and D'' exactly as the "
+        "committed runs did, and the imbalance above.",
+        "- The whole 300-round run is not 4 times faster than the single-thread loop:"
+        f"{share} the loop here is this project's `sequential` engine, which gathers "
+        "batches with `index_select` and updates in one pass (the issue's plain loop took "
+        "128 s for these rounds on its machine).",
+    ]
 
 
 GPU = """## GPU
@@ -211,7 +232,8 @@ def targets() -> list[str]:
         "| one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors) "
         "| not measured (no GPU lent) | - |"
     )
-    lines += ["", *NOTES]
+    if path.exists():
+        lines += ["", *notes(pd.read_parquet(RESULTS / "throughput.parquet"))]
     return lines
 
 

@@ -4,8 +4,8 @@
     python experiments/bench/scale.py --smoke --out /tmp/bench   # CI: seconds
 
 For each n: 100 users per round (fraction = 100 / n), Per-FedAvg (HF), MLP,
-batch 40, tau = 10, users_per_actor auto (one actor per core) with batched
-training; evaluation only at round 0 and at the end. Records start-up time
+batch 40, tau = 10, the default placement (one actor per core here) and engine
+(fused); evaluation only at round 0 and at the end. Records start-up time
 (run start until every actor holds its users), seconds per round (median),
 and peak resident memory of the driver and of all actors together. Writes
 OUT/scale.parquet (default experiments/bench/results) and, for the default OUT,
