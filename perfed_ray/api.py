@@ -186,8 +186,9 @@ def simulate(
     `changes` keyword values, both applied on top. `address` joins a running Ray
     cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
     `progress` receives a :class:`~perfed_ray.runtime.coordinator.Progress` after
-    every round; `announce` is told the resolved configuration and run before Ray
-    work begins; `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
+    every round; `announce` is told the resolved configuration and run once Ray is up
+    and before the run begins (so a SIGTERM handler it installs is not Ray's);
+    `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
     """
     overrides = list(overrides)
     if resume is not None:
@@ -212,6 +213,7 @@ def simulate(
         from perfed_ray.runtime.environment import plugin_modules
 
         connect.connect(cluster, plugin_modules(cfg))
+    simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
     if result is None:
         result = RunResult(simulation.new_run_id(cfg), folder)
     if announce:

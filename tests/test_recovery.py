@@ -172,3 +172,38 @@ def test_dropouts_and_stragglers_are_drawn_per_round_and_recorded(reference):
     for row in rounds.itertuples():
         assert row.n_reported == row.n_sampled - gone.get(row.round, 0)
     assert set(events["kind"]) == {"dropout", "straggler"}
+
+
+def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_session, tmp_path):
+    """A scheduler's SIGTERM (`timeout`, Kubernetes, Slurm) mid-run: the run is marked
+    `interrupted`, the CLI exits 130 without a stack dump, and --resume finishes it with
+    the tables of a run never stopped (Ray's start-up sets its own SIGTERM handler, which
+    would exit 1 as `failed`; perfed-ray's is set after it)."""
+    import time
+
+    values = {**CONFIG, "rounds": 300, "eval_every": 100, "checkpoint_every": 5}
+    reference = tmp_path / "reference"
+    simulation.run(simulation.prepare(from_mapping(values)), reference)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k not in ("PERFED_FAULT", "RAY_ADDRESS")}
+    process = subprocess.Popen(  # its own local Ray, as a new user's first run has
+        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", str(config), "--out", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("rounds/*/part-0.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the checkpoint after round 5 is written: mid-run
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "is marked 'interrupted'" in stderr
+    runs = pd.read_parquet(out / "runs")
+    assert runs["status"].tolist() == ["interrupted"] and runs["rounds_done"].iloc[0] < 300
+    [run_dir] = (out / "checkpoints").iterdir()
+    done = _cli(["--resume", str(run_dir)], ray_session.get_runtime_context().gcs_address)
+    assert done.returncode == 0, done.stderr
+    _assert_same(out, outcome(reference))

@@ -192,6 +192,20 @@ def _peak_memory(pool: ActorPool) -> dict[str, int]:
     }
 
 
+def start_ray(cfg: RunConfig) -> None:
+    """A local Ray for this driver unless one is connected already, shipping the user's
+    own modules to its workers. Ray's start-up sets its own SIGTERM handler (exit status
+    1): a caller that wants another must install it after this."""
+    if ray.is_initialized():
+        return
+    modules = plugin_modules(cfg)
+    ray.init(
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        runtime_env={"py_modules": modules} if modules else None,
+    )
+
+
 def run(
     prepared: Prepared,
     out: Path,
@@ -203,13 +217,7 @@ def run(
     `resume`, continue run `run_id` from its last checkpoint; returns the run id.
     The runs row says `finished` only if every round ran."""
     cfg = prepared.cfg
-    if not ray.is_initialized():
-        modules = plugin_modules(cfg)
-        ray.init(
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            runtime_env={"py_modules": modules} if modules else None,
-        )
+    start_ray(cfg)
     run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
     store = RunStore(out, run_id)
