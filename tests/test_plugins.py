@@ -61,6 +61,7 @@ def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_
             {**TINY, "algorithm": "reptile_fl:Reptile"}, on_path / engine, engine=engine
         )
         assert result.table("runs")["status"].tolist() == ["finished"]
+        assert result.run_id.split("-")[2:4] == ["reptile_fl", "Reptile"]  # a plain folder
         assert set(result.table("runs")["engine"]) == {engine}
         tables[engine] = result.table("evals").sort_values(["round", "user", "draw"])
     pd.testing.assert_series_equal(

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import platform
+import re
 import secrets
 import socket
 import sys
@@ -124,8 +125,10 @@ def resolve_execution(cfg: RunConfig, model: torch.nn.Module, n_actors: int) -> 
 
 
 def new_run_id(cfg: RunConfig) -> str:
-    """Sortable by start time, unique across concurrent runs."""
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{cfg.algorithm}-{secrets.token_hex(3)}"
+    """Sortable by start time, unique across concurrent runs, and a safe folder name
+    whatever the algorithm is called (`mypkg.methods:Reptile` -> `mypkg-methods-Reptile`)."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", cfg.algorithm)
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{name}-{secrets.token_hex(3)}"
 
 
 def actor_factory(
