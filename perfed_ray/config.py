@@ -39,12 +39,13 @@ def _opt(
     high: float | None = None,
     low_open: bool = False,
     auto: bool = False,
+    word: str = "auto",
     registry: bool = False,
 ) -> Any:
     """A configuration field with the facts its validation and its docs need.
 
-    `auto` fields accept the word ``auto`` (stored as ``None``): the value is
-    then chosen at run time from the data set or the cluster. `registry` fields name
+    `auto` fields accept the word ``auto`` (or `word`; stored as ``None``): the value
+    is then chosen at run time from the data set or the cluster. `registry` fields name
     a component registered under the same key in :mod:`perfed_ray.registry` (or a
     dotted path to a user's own), and are checked against it.
     """
@@ -55,6 +56,7 @@ def _opt(
         "high": high,
         "low_open": low_open,
         "auto": auto,
+        "word": word,
         "registry": registry,
     }
     return field(default=default, metadata=meta)
@@ -130,7 +132,18 @@ class RunConfig:
     )
     model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN", registry=True)
     seed: int = _opt(0, "seed of everything random in the run", low=0)
-    eval_every: int = _opt(20, "evaluate all users every this many rounds (and at the end)", low=1)
+    eval_every: int = _opt(20, "evaluate users every this many rounds (and at the end)", low=1)
+    eval_users: float | None = _opt(
+        None,
+        "users scored at the intermediate evaluations: all, a number of users (an integer "
+        ">= 1), or a fraction of them (below 1), drawn afresh from each evaluation's own "
+        "stream; the final evaluation scores everyone unless sample_final_eval",
+        low=0,
+        low_open=True,
+        auto=True,
+        word="all",
+    )
+    sample_final_eval: bool = _opt(False, "the final evaluation, too, scores only eval_users users")
     final_eval_draws: int = _opt(
         10, "independent adaptation batches drawn at the final evaluation", low=1
     )
@@ -219,6 +232,15 @@ class RunConfig:
     tag: str = _opt("", "free-form label stored with the results")
 
     @property
+    def users_per_evaluation(self) -> int:
+        """How many users an intermediate evaluation scores (`eval_users`)."""
+        if self.eval_users is None:
+            return self.n_users
+        if self.eval_users >= 1:
+            return int(self.eval_users)
+        return max(1, round(self.eval_users * self.n_users))
+
+    @property
     def users_per_round(self) -> int:
         """m = round(r n), the number of users sampled each round (r n >= 1 is checked)."""
         return round(self.fraction * self.n_users)
@@ -244,7 +266,7 @@ def _coerce(key: str, value: Any) -> Any:
     f = FIELDS[key]
     meta = f.metadata
     kind = base_type(f)
-    if meta["auto"] and (value is None or value == "auto"):
+    if meta["auto"] and (value is None or value == meta["word"]):
         return None
     if meta["registry"] and isinstance(value, str):
         REGISTRIES[key].check(value)
@@ -307,7 +329,7 @@ def _describe(key: str) -> str:
             text = f"{noun} {'>' if meta['low_open'] else '>='} {low:g}"
         else:
             text = noun
-    return text + (" or auto" if meta["auto"] else "")
+    return text + (f" or {meta['word']}" if meta["auto"] else "")
 
 
 def from_mapping(values: Mapping[str, Any]) -> RunConfig:
@@ -360,6 +382,12 @@ def _check_combination(cfg: RunConfig) -> None:
             f"users_per_actor = {cfg.users_per_actor} is larger than "
             f"n_users = {cfg.n_users}: use at most n_users"
         )
+    sampled = cfg.eval_users
+    if sampled is not None and sampled >= 1 and (sampled != int(sampled) or sampled > cfg.n_users):
+        raise ConfigError(
+            f"eval_users = {sampled:g} is not allowed: all, a whole number of users up to "
+            f"n_users = {cfg.n_users}, or a fraction below 1"
+        )
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
@@ -404,7 +432,9 @@ def reference() -> list[tuple[str, str, str, str]]:
     """(key, default, allowed, meaning) for every key: the README's table and `keys`."""
     rows = []
     for name, f in FIELDS.items():
-        default = "auto" if f.metadata["auto"] and f.default is None else repr(f.default)
+        default = (
+            f.metadata["word"] if f.metadata["auto"] and f.default is None else repr(f.default)
+        )
         rows.append((name, default, _describe(name), f.metadata["help"]))
     return rows
 

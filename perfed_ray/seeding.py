@@ -24,6 +24,7 @@ class Stream(enum.IntEnum):
     EVALUATION = 4
     DATA = 5
     PARTICIPATION = 6
+    EVALUATED_USERS = 7
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

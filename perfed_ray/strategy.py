@@ -35,7 +35,8 @@ class Participation:
 class Strategy:
     """Algorithm 1's policy: m = round(r n) users uniformly without replacement,
     aggregated by their plain mean (`aggregation: mean`) or weighted by their training
-    samples (`aggregation: samples`), every user evaluated. Registered as `uniform`."""
+    samples (`aggregation: samples`), every user evaluated, or a sample of them
+    (`eval_users`). Registered as `uniform`."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -67,5 +68,12 @@ class Strategy:
         return float(n_train) if self.cfg.aggregation == "samples" else 1.0
 
     def evaluated(self, round_: int, final: bool) -> list[int]:
-        """The users an evaluation after round k scores."""
-        return list(range(self.cfg.n_users))
+        """The users an evaluation after round k scores: everyone, or `eval_users` of them
+        drawn uniformly without replacement from the evaluation's own stream (the final
+        evaluation scores everyone unless `sample_final_eval`)."""
+        cfg = self.cfg
+        m = cfg.users_per_evaluation
+        if m >= cfg.n_users or (final and not cfg.sample_final_eval):
+            return list(range(cfg.n_users))
+        rng = numpy_rng(cfg.seed, Stream.EVALUATED_USERS, round_)
+        return sorted(int(u) for u in rng.choice(cfg.n_users, size=m, replace=False))

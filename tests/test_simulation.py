@@ -181,3 +181,24 @@ def test_divergence_stops_the_run_naming_round_and_users(ray_session, tmp_path):
     assert err.value.users and set(err.value.users) <= set(range(6))
     # The round before the divergence is kept (flushed on the way out), and only it.
     assert pd.read_parquet(tmp_path / "rounds")["round"].tolist() == [1]
+
+
+def test_sampled_evaluations_score_eval_users_drawn_per_evaluation(ray_session, tmp_path):
+    """eval_users: intermediate evaluations score a sample drawn from each evaluation's
+    own stream; the final one scores everyone unless sample_final_eval."""
+    from perfed_ray.config import ConfigError
+    from perfed_ray.strategy import Strategy
+
+    values = {"rounds": 4, "eval_every": 2, "final_eval_draws": 1, "users_per_actor": 3}
+    _run(tmp_path / "half", eval_users=0.5, **values)
+    evals = read_table(tmp_path / "half", "evals")
+    users = evals.groupby("round")["user"].apply(sorted).to_dict()
+    assert [len(users[r]) for r in (0, 2, 4)] == [3, 3, 6]
+    assert users[0] != users[2]  # a fresh draw each evaluation
+    cfg = from_mapping({**EASY, "eval_users": 3, "sample_final_eval": True})
+    assert users[2] == Strategy(cfg).evaluated(2, final=False)  # the round's own stream
+    assert len(Strategy(cfg).evaluated(4, final=True)) == 3
+    assert Strategy(cfg.replace(eval_users="all")).evaluated(2, False) == list(range(6))
+    for bad in (2.5, 7):
+        with pytest.raises(ConfigError, match=f"eval_users = {bad:g} is not allowed"):
+            from_mapping({**EASY, "eval_users": bad})
