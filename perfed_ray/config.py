@@ -147,6 +147,19 @@ class RunConfig:
     final_eval_draws: int = _opt(
         10, "independent adaptation batches drawn at the final evaluation", low=1
     )
+    personalise_steps: int = _opt(
+        1,
+        "personalisation steps at evaluation: scores after 0, 1, ..., k steps (acc_steps, "
+        "loss_steps); acc_after is after k (PROTOCOL.md: 1)",
+        low=1,
+    )
+    unseen_users: float = _opt(
+        0.0,
+        "share of users (drawn from the seed) never sampled for training and evaluated "
+        "like the others, marked `unseen` in evals: the paper's new users",
+        low=0,
+        high=0.9,
+    )
     adapt_on: str = _opt(
         "train",
         "shard the evaluation's adaptation batch comes from (`test` leaks "
@@ -230,6 +243,11 @@ class RunConfig:
         high=1,
     )
     tag: str = _opt("", "free-form label stored with the results")
+
+    @property
+    def unseen_count(self) -> int:
+        """How many users are never trained (`unseen_users`)."""
+        return round(self.unseen_users * self.n_users)
 
     @property
     def users_per_evaluation(self) -> int:
@@ -381,6 +399,12 @@ def _check_combination(cfg: RunConfig) -> None:
         raise ConfigError(
             f"users_per_actor = {cfg.users_per_actor} is larger than "
             f"n_users = {cfg.n_users}: use at most n_users"
+        )
+    if cfg.users_per_round > cfg.n_users - cfg.unseen_count:
+        raise ConfigError(
+            f"unseen_users = {cfg.unseen_users:g} leaves {cfg.n_users - cfg.unseen_count} "
+            f"users to train, fewer than the {cfg.users_per_round} a round samples: lower "
+            f"unseen_users or fraction"
         )
     sampled = cfg.eval_users
     if sampled is not None and sampled >= 1 and (sampled != int(sampled) or sampled > cfg.n_users):

@@ -38,6 +38,8 @@ class Evaluation:
     loss_before: float
     acc_after: float
     loss_after: float
+    acc_steps: list[float]  # after 0, 1, ..., personalise_steps steps
+    loss_steps: list[float]
 
 
 class Learner:
@@ -138,11 +140,12 @@ class Learner:
         return float(accuracy), float(loss)
 
     def evaluate(self, server: Params, user: int, round_: int, draws: int) -> list[Evaluation]:
-        """Accuracy on the whole test shard before and after the method's
-        personalisation (one step of SGD of size alpha for Per-FedAvg and FedAvg) on a
-        batch from the user's own data, once per independent draw."""
+        """Accuracy on the whole test shard before and after each of `personalise_steps`
+        steps of the method's personalisation (SGD of size alpha for Per-FedAvg and
+        FedAvg) on fresh batches from the user's own data, once per independent draw.
+        A user the method has no state for yet is personalised as a newcomer would be."""
         shard = self.shards[user]
-        acc_before, loss_before = self._score(server, shard)
+        before = self._score(server, shard)
         x, y = (
             (shard.x_test, shard.y_test)
             if self.cfg.adapt_on == "test"
@@ -151,11 +154,21 @@ class Learner:
         state = self._state(user, server, keep=False)
         rows = []
         for draw in range(draws):
-            idx = evaluation_indices(self.cfg.seed, user, round_, draw, len(y), self.cfg.batch_size)
-            personal = self.algorithm.personalise(
-                self.ops, server, state, (gather(x, idx), gather(y, idx))
+            batches = evaluation_indices(
+                self.cfg.seed,
+                user,
+                round_,
+                draw,
+                len(y),
+                self.cfg.batch_size,
+                self.cfg.personalise_steps,
             )
-            acc_after, loss_after = self._score(personal, shard)
+            personal, scores = server, [before]
+            for idx in batches:
+                batch = (gather(x, idx), gather(y, idx))
+                personal = self.algorithm.personalise(self.ops, personal, state, batch)
+                scores.append(self._score(personal, shard))
+            accs, losses = (list(v) for v in zip(*scores, strict=True))
             rows.append(
                 Evaluation(
                     user,
@@ -163,10 +176,12 @@ class Learner:
                     draw,
                     len(shard.y_train),
                     len(shard.y_test),
-                    acc_before,
-                    loss_before,
-                    acc_after,
-                    loss_after,
+                    accs[0],
+                    losses[0],
+                    accs[-1],
+                    losses[-1],
+                    accs,
+                    losses,
                 )
             )
         return rows

@@ -25,6 +25,7 @@ class Stream(enum.IntEnum):
     DATA = 5
     PARTICIPATION = 6
     EVALUATED_USERS = 7
+    UNSEEN_USERS = 8
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

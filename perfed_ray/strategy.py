@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from perfed_ray.config import RunConfig
 from perfed_ray.seeding import Stream, numpy_rng
 
@@ -42,8 +44,20 @@ class Strategy:
         self.cfg = cfg
 
     def sample(self, round_: int) -> list[int]:
-        """The users round k trains."""
-        return sample_users(self.cfg.seed, round_, self.cfg.n_users, self.cfg.users_per_round)
+        """The users round k trains: never an unseen one."""
+        cfg = self.cfg
+        if not cfg.unseen_count:
+            return sample_users(cfg.seed, round_, cfg.n_users, cfg.users_per_round)
+        seen = np.setdiff1d(np.arange(cfg.n_users), self.unseen())
+        rng = numpy_rng(cfg.seed, Stream.USER_SAMPLING, round_)
+        return sorted(int(u) for u in rng.choice(seen, size=cfg.users_per_round, replace=False))
+
+    def unseen(self) -> list[int]:
+        """The users no round trains (`unseen_users`), drawn once from the seed: evaluated
+        like the others, they measure what the method gives a newcomer."""
+        cfg = self.cfg
+        rng = numpy_rng(cfg.seed, Stream.UNSEEN_USERS)
+        return sorted(int(u) for u in rng.choice(cfg.n_users, cfg.unseen_count, replace=False))
 
     def participation(self, round_: int, users: list[int]) -> Participation:
         """Each sampled user drops out with chance `dropout`, else is cut by the deadline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -202,3 +203,43 @@ def test_sampled_evaluations_score_eval_users_drawn_per_evaluation(ray_session, 
     for bad in (2.5, 7):
         with pytest.raises(ConfigError, match=f"eval_users = {bad:g} is not allowed"):
             from_mapping({**EASY, "eval_users": bad})
+
+
+def test_unseen_users_never_train_and_curves_go_k_steps_from_the_protocols_one(
+    ray_session, tmp_path
+):
+    """unseen_users: that share of users is never sampled (checked from the rounds
+    table) and is evaluated, marked; personalise_steps: a curve per user whose first
+    step is exactly the protocol's one-step score."""
+    from perfed_ray.config import ConfigError
+    from perfed_ray.strategy import Strategy
+
+    values = {
+        "n_users": 8,
+        "rounds": 6,
+        "eval_every": 3,
+        "users_per_actor": 4,
+        "unseen_users": 0.25,
+    }
+    _run(tmp_path / "k3", personalise_steps=3, **values)
+    _run(tmp_path / "k1", **values)
+    unseen = Strategy(from_mapping({**EASY, **values})).unseen()
+    assert len(unseen) == 2
+    rounds, evals = _results(tmp_path / "k3")
+    trained = {u for users in rounds["users"] for u in users}
+    assert trained and not trained & set(unseen)
+    assert set(evals.loc[evals["unseen"], "user"]) == set(unseen)
+    assert set(evals["user"]) == set(range(8))  # the unseen are scored like the others
+    curves = evals["acc_steps"].map(list)
+    assert (curves.map(len) == 4).all()
+    assert (curves.map(lambda c: c[0]) == evals["acc_before"]).all()
+    assert (curves.map(lambda c: c[-1]) == evals["acc_after"]).all()
+    _, one = _results(tmp_path / "k1")
+    assert (one["acc_steps"].map(len) == 2).all()
+    pd.testing.assert_series_equal(  # step 1 of 3 is the one-step protocol's score
+        curves.map(lambda c: c[1]), one["acc_after"], check_names=False
+    )
+    mean_curve = np.mean(np.stack(curves[evals["round"] == 6].to_list()), axis=0)
+    assert mean_curve[3] > mean_curve[0]  # personalising helps on average
+    with pytest.raises(ConfigError, match="leaves 2 users to train, fewer than the 4"):
+        from_mapping({**EASY, **values, "unseen_users": 0.7})

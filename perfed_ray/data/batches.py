@@ -47,7 +47,9 @@ def round_indices(
 
 
 def evaluation_indices(
-    seed: int, user: int, round_: int, draw_: int, n: int, batch_size: int
-) -> torch.Tensor:
-    """The personalisation batch of one evaluation draw."""
-    return draw(n, batch_size, torch_generator(seed, Stream.EVALUATION, user, round_, draw_))
+    seed: int, user: int, round_: int, draw_: int, n: int, batch_size: int, steps: int = 1
+) -> list[torch.Tensor]:
+    """The personalisation batches of one evaluation draw, one per step: the first is
+    the protocol's one-step batch whatever the number of steps."""
+    gen = torch_generator(seed, Stream.EVALUATION, user, round_, draw_)
+    return [draw(n, batch_size, gen) for _ in range(steps)]

@@ -89,8 +89,11 @@ EVALS_SCHEMA = pa.schema(
         ("n_test", pa.int64()),
         ("acc_before", pa.float64()),
         ("loss_before", pa.float64()),
-        ("acc_after", pa.float64()),
+        ("acc_after", pa.float64()),  # after personalise_steps steps
         ("loss_after", pa.float64()),
+        ("acc_steps", pa.list_(pa.float64())),  # after 0, 1, ..., personalise_steps steps
+        ("loss_steps", pa.list_(pa.float64())),
+        ("unseen", pa.bool_()),  # never sampled for training (unseen_users)
     ]
 )
 

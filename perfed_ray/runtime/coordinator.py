@@ -148,8 +148,9 @@ class Coordinator:
         faults.crash_at("driver-eval", round_)
         scores = dict(batches)
         rows = [row for a in sorted(scores) for row in scores[a]]
+        unseen = set(self.strategy.unseen())
         for row in rows:
-            row.update(round=round_, final=final)
+            row.update(round=round_, final=final, unseen=row["user"] in unseen)
         self.last_accuracy = (round_, float(np.mean([r["acc_after"] for r in rows])))
         return rows
 
