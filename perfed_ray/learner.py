@@ -140,10 +140,11 @@ class Learner:
         return float(accuracy), float(loss)
 
     def evaluate(self, server: Params, user: int, round_: int, draws: int) -> list[Evaluation]:
-        """Accuracy on the whole test shard before and after each of `personalise_steps`
-        steps of the method's personalisation (SGD of size alpha for Per-FedAvg and
-        FedAvg) on fresh batches from the user's own data, once per independent draw.
-        A user the method has no state for yet is personalised as a newcomer would be."""
+        """Accuracy on the whole test shard of the server's model (`acc_before`), and of
+        the method's personal model before and after each of `personalise_steps` steps of
+        its personalisation (SGD of size alpha from the server's model for Per-FedAvg and
+        FedAvg) on fresh batches from the user's own data, once per independent draw. A
+        user the method has no state for yet is personalised as a newcomer would be."""
         shard = self.shards[user]
         before = self._score(server, shard)
         x, y = (
@@ -163,7 +164,8 @@ class Learner:
                 self.cfg.batch_size,
                 self.cfg.personalise_steps,
             )
-            personal, scores = server, [before]
+            personal = self.algorithm.personal_model(self.ops, server, state)
+            scores = [before if personal is server else self._score(personal, shard)]
             for idx in batches:
                 batch = (gather(x, idx), gather(y, idx))
                 personal = self.algorithm.personalise(self.ops, personal, state, batch)
@@ -176,8 +178,8 @@ class Learner:
                     draw,
                     len(shard.y_train),
                     len(shard.y_test),
-                    accs[0],
-                    losses[0],
+                    before[0],
+                    before[1],
                     accs[-1],
                     losses[-1],
                     accs,

@@ -138,6 +138,7 @@ ALGORITHMS = Registry(
         "perfedavg": "perfed_ray.algorithms.perfedavg:PerFedAvg",
         "perfedavg-fo": "perfed_ray.algorithms.perfedavg:PerFedAvgFO",
         "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
+        "local": "perfed_ray.algorithms.local:Local",
     },
     group="perfed_ray.algorithms",
     base="perfed_ray.algorithms.base:Algorithm",

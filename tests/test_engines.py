@@ -24,6 +24,7 @@ METHODS = [
     ("perfedavg", {}),
     ("perfedavg-hf", {"hf_delta": "normalized"}),
     ("momentum:PersistentMomentum", {}),
+    ("local", {}),
 ]
 
 

@@ -150,13 +150,16 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(
     _assert_same(out, stateful_reference)
 
 
+@pytest.mark.parametrize("algorithm", [STATEFUL, "local"])
 def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
-    ray_session, stateful_reference, tmp_path, monkeypatch
+    ray_session, tmp_path, monkeypatch, algorithm
 ):
     monkeypatch.syspath_prepend(str(PLUGINS))
+    values = {**TINY, "algorithm": algorithm, "engine": "fused"}
+    perfed_ray.simulate(values, tmp_path / "reference")
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
-    perfed_ray.simulate({**TINY, "algorithm": STATEFUL, "engine": "fused"}, tmp_path)
-    _assert_same(tmp_path, stateful_reference)
-    died = pd.read_parquet(tmp_path / "events").query("kind == 'actor-died'")
+    perfed_ray.simulate(values, tmp_path / "rolled")
+    _assert_same(tmp_path / "rolled", outcome(tmp_path / "reference"))
+    died = pd.read_parquet(tmp_path / "rolled" / "events").query("kind == 'actor-died'")
     assert died[["round", "actor"]].values.tolist() == [[3, 0]]
     assert "rolled back to the checkpoint of round 2" in died["detail"].iloc[0]

@@ -243,3 +243,17 @@ def test_unseen_users_never_train_and_curves_go_k_steps_from_the_protocols_one(
     assert mean_curve[3] > mean_curve[0]  # personalising helps on average
     with pytest.raises(ConfigError, match="leaves 2 users to train, fewer than the 4"):
         from_mapping({**EASY, **values, "unseen_users": 0.7})
+
+
+def test_local_users_train_alone_and_are_scored_on_their_own_models(ray_session, tmp_path):
+    """`local`: the server's model never moves; each user's own model (its state) is what
+    its personalisation starts from, and a user that never trained starts from w_0."""
+    _run(tmp_path, algorithm="local", n_users=8, unseen_users=0.25, users_per_actor=4)
+    _, evals = _results(tmp_path)
+    assert evals.groupby("user")["acc_before"].nunique().eq(1).all()  # w_0 throughout
+    start = evals["acc_steps"].map(lambda c: c[0])
+    final = evals[evals["round"] == 12]
+    trained = final[~final["unseen"]]
+    assert (start[trained.index] > trained["acc_before"]).mean() > 0.5  # own models learnt
+    unseen = final[final["unseen"]]
+    assert (start[unseen.index] == unseen["acc_before"]).all()  # newcomers start at w_0

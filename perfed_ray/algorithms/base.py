@@ -92,6 +92,12 @@ class Algorithm:
         """What the user sends the server (a model) and its state for the next round."""
         return state, None
 
+    def personal_model(self, ops: ModelOps, server: Params, user_state: Params | None) -> Params:
+        """The model a user's personalisation starts from (step 0 of its evaluation
+        curve): the server's for Per-FedAvg and FedAvg, the user's own for methods that
+        keep one (given the initial state for a user that never trained: a newcomer)."""
+        return server
+
     def personalise(
         self, ops: ModelOps, server: Params, user_state: Params | None, batch: Batch
     ) -> Params:
