@@ -130,6 +130,19 @@ class RunConfig:
         "federated algorithm (see perfed_ray/algorithms; a user's own as package.module:Class)",
         registry=True,
     )
+    ditto_lambda: float = _opt(
+        1.0, "Ditto: pull of each personal model towards the global one (lambda)", low=0
+    )
+    pfedme_lambda: float = _opt(
+        15.0, "pFedMe: Moreau-envelope regularisation lambda", low=0, low_open=True
+    )
+    pfedme_steps: int = _opt(5, "pFedMe: steps K on the personalised model per local step", low=1)
+    pfedme_lr: float = _opt(
+        0.09, "pFedMe: step size of those K steps (personal learning rate)", low=0, low_open=True
+    )
+    pfedme_beta: float = _opt(
+        1.0, "pFedMe: the server's mixing beta, w <- (1 - beta) w + beta mean", low=0, high=2
+    )
     model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN", registry=True)
     seed: int = _opt(0, "seed of everything random in the run", low=0)
     eval_every: int = _opt(20, "evaluate users every this many rounds (and at the end)", low=1)

@@ -139,6 +139,8 @@ ALGORITHMS = Registry(
         "perfedavg-fo": "perfed_ray.algorithms.perfedavg:PerFedAvgFO",
         "perfedavg-hf": "perfed_ray.algorithms.perfedavg:PerFedAvgHF",
         "local": "perfed_ray.algorithms.local:Local",
+        "ditto": "perfed_ray.algorithms.ditto:Ditto",
+        "pfedme": "perfed_ray.algorithms.pfedme:PFedMe",
     },
     group="perfed_ray.algorithms",
     base="perfed_ray.algorithms.base:Algorithm",

@@ -157,3 +157,40 @@ def test_personalisation_is_one_sgd_step_of_size_alpha(problem):
     for k in w:
         torch.testing.assert_close(adapted[k], w[k] - 0.25 * g[k])
     assert ops.loss(adapted, d) < ops.loss(w, d)
+
+
+def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull(problem):
+    """Ditto with lambda = 0: its global copy moves as FedAvg's, its personal model as a
+    user training alone (both on the same D); with lambda > 0 the personal model is
+    pulled towards the round's global model."""
+    ops, w, (d, d1, d2) = problem
+    steps = [(d, d1, d2), (d1, d2, d)]
+    own = {k: v + 0.1 for k, v in w.items()}
+    ditto = _algorithm("ditto", beta=0.1, ditto_lambda=0.0)
+    new_w, _, new_v = client_update(ditto, ops, w, steps, own)
+    fedavg, _, _ = client_update(_algorithm("fedavg", beta=0.1), ops, w, steps, None)
+    alone, _, _ = client_update(_algorithm("local", beta=0.1), ops, w, steps, own)
+    for k in w:
+        torch.testing.assert_close(new_w[k], fedavg[k])
+        torch.testing.assert_close(new_v[k], alone[k])
+    _, _, pulled = client_update(
+        _algorithm("ditto", beta=0.1, ditto_lambda=1.0), ops, w, steps, own
+    )
+    assert _distance(pulled, w) < _distance(new_v, w)
+
+
+def test_pfedme_moves_w_towards_theta_and_the_server_mixes_by_beta(problem):
+    ops, w, (d, d1, d2) = problem
+    pfedme = _algorithm("pfedme", beta=0.005, pfedme_steps=3, pfedme_beta=0.5)
+    state = pfedme.client_init(ops, w, None)
+    theta = w
+    for _ in range(3):  # the K personal steps, written out
+        g = ops.grad(theta, d)
+        theta = {k: theta[k] - 0.09 * (g[k] + 15 * (theta[k] - w[k]) + 0.001 * theta[k]) for k in w}
+    after, _ = pfedme.client_step(ops, state, (d, d1, d2))
+    for k in w:
+        torch.testing.assert_close(after["theta"][k], theta[k])
+        torch.testing.assert_close(after["w"][k], w[k] - 0.005 * 15 * (w[k] - theta[k]))
+    mixed = pfedme.server_update(w, {k: v + 2.0 for k, v in w.items()})
+    for k in w:
+        torch.testing.assert_close(mixed[k], w[k] + 1.0)

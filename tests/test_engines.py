@@ -25,6 +25,8 @@ METHODS = [
     ("perfedavg-hf", {"hf_delta": "normalized"}),
     ("momentum:PersistentMomentum", {}),
     ("local", {}),
+    ("ditto", {}),
+    ("pfedme", {"pfedme_steps": 2}),
 ]
 
 

@@ -150,7 +150,7 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(
     _assert_same(out, stateful_reference)
 
 
-@pytest.mark.parametrize("algorithm", [STATEFUL, "local"])
+@pytest.mark.parametrize("algorithm", [STATEFUL, "local", "ditto", "pfedme"])
 def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
     ray_session, tmp_path, monkeypatch, algorithm
 ):

@@ -1,0 +1,52 @@
+"""Ditto: Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through
+Personalization", ICML 2021, Algorithm 1.
+
+Each sampled user does both of its parts on the same batch D at every local step:
+its personal model v_k, kept on its actor between rounds, takes a step on
+f_k(v_k) + lambda/2 ||v_k - w^t||^2 (eq. 2's personal objective, w^t the global model
+the round started from); then its copy of the global model takes a plain SGD step, as
+FedAvg's would. The server averages the global copies (Algorithm 1's global update).
+Users are scored on v_k; a user that never trained starts from w^t.
+
+`ditto_lambda` defaults to 1, the value of the authors' run scripts; the personal and
+global steps share the step size beta, as in their code.
+"""
+
+from __future__ import annotations
+
+from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.tree import sgd, tree_map
+
+
+class Ditto(Algorithm):
+    """The stream draws D, D', D'' per step like Per-FedAvg's; Ditto uses D."""
+
+    batches_per_step = 1
+    draws_per_step = 3
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.lam = cfg.ditto_lambda
+
+    def init_user_state(self, server):
+        return server
+
+    def client_init(self, ops, server, personal):
+        return {"w": server, "v": personal, "anchor": server}
+
+    def client_step(self, ops, state, batches):
+        batch = batches[0]
+        g_v = ops.grad(state["v"], batch)
+        pull = tree_map(lambda g, v, w: g + self.lam * (v - w), g_v, state["v"], state["anchor"])
+        g_w, loss = ops.grad_and_loss(state["w"], batch)
+        return {
+            "w": sgd(state["w"], g_w, self.beta),
+            "v": sgd(state["v"], pull, self.beta),
+            "anchor": state["anchor"],
+        }, loss
+
+    def client_final(self, ops, server, state):
+        return state["w"], state["v"]
+
+    def personal_model(self, ops, server, personal):
+        return personal
