@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,23 @@ def experiment_script(name: str) -> Iterator[ModuleType]:
     spec.loader.exec_module(module)
     yield module
     del sys.modules[name]
+
+
+def run_cli(
+    args: list[str], address: str, fault: str | None = None, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`perfed-ray run --quiet ARGS` in its own process, on the session's Ray cluster;
+    `fault` arms a crash (perfed_ray/faults.py), `pythonpath` holds users' modules."""
+    env = {**os.environ, "RAY_ADDRESS": address}
+    env.pop("PERFED_FAULT", None)
+    if fault:
+        env["PERFED_FAULT"] = fault
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )

@@ -5,16 +5,15 @@ and rolled back when an actor holding per-user state dies."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_cli
 
 import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
@@ -98,18 +97,8 @@ def test_an_entry_point_registers_a_name(on_path, monkeypatch):
     assert ALGORITHMS.load("reptile").__name__ == "Reptile"
 
 
-def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_ADDRESS": address, "PYTHONPATH": str(PLUGINS)}
-    env.pop("PERFED_FAULT", None)
-    if fault:
-        env["PERFED_FAULT"] = fault
-    return subprocess.run(
-        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+def _cli(args: list[str], address: str, fault: str | None = None):
+    return run_cli(args, address, fault, pythonpath=PLUGINS)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import run_cli
 
 from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.config import from_mapping
@@ -61,19 +62,7 @@ def reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
     return outcome(out)
 
 
-def _cli(args: list[str], address: str, fault: str | None = None) -> subprocess.CompletedProcess:
-    """perfed-ray in its own process, on the session's Ray cluster."""
-    env = {**os.environ, "RAY_ADDRESS": address}
-    env.pop("PERFED_FAULT", None)
-    if fault:
-        env["PERFED_FAULT"] = fault
-    return subprocess.run(
-        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+_cli = run_cli
 
 
 def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference, tmp_path):
