@@ -16,6 +16,9 @@ class Server:
     def __init__(self, cfg: RunConfig, template: Params) -> None:
         self.algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
         self.layout = FlatParams(template)
+        # Whether users keep per-user state: checkpoints then fetch it, and a dead actor
+        # means a roll-back rather than a replacement.
+        self.stateful = self.algorithm.init_user_state(template) is not None
 
     def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:
         """w_{k+1} from w_k and the weighted sum of the reporting users' models."""

@@ -42,19 +42,23 @@ class Strategy:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
+        self._unseen = self._draw_unseen()
 
     def sample(self, round_: int) -> list[int]:
         """The users round k trains: never an unseen one."""
         cfg = self.cfg
         if not cfg.unseen_count:
             return sample_users(cfg.seed, round_, cfg.n_users, cfg.users_per_round)
-        seen = np.setdiff1d(np.arange(cfg.n_users), self.unseen())
+        seen = np.setdiff1d(np.arange(cfg.n_users), self._unseen)
         rng = numpy_rng(cfg.seed, Stream.USER_SAMPLING, round_)
         return sorted(int(u) for u in rng.choice(seen, size=cfg.users_per_round, replace=False))
 
     def unseen(self) -> list[int]:
         """The users no round trains (`unseen_users`), drawn once from the seed: evaluated
         like the others, they measure what the method gives a newcomer."""
+        return list(self._unseen)
+
+    def _draw_unseen(self) -> list[int]:
         cfg = self.cfg
         rng = numpy_rng(cfg.seed, Stream.UNSEEN_USERS)
         return sorted(int(u) for u in rng.choice(cfg.n_users, cfg.unseen_count, replace=False))

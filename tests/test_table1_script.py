@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import TINY, experiment_script
+from conftest import DIVERGES, TINY, experiment_script
 
 from perfed_ray.analysis import read_runs
 
@@ -19,21 +19,8 @@ def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(
 ):
     row = {k: v for k, v in TINY.items() if k != "users_per_actor"}  # how, not what, it runs
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(row))
-    (tmp_path / "diverges.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "dataset": "gaussian",
-                "n_users": 6,
-                "fraction": 0.5,
-                "rounds": 6,
-                "tau": 5,
-                "eval_every": 6,
-                "alpha": 0.05,
-                "beta": 2.0,
-                "final_eval_draws": 3,
-            }
-        )
-    )
+    diverges = {k: v for k, v in DIVERGES.items() if k not in ("users_per_actor", "algorithm")}
+    (tmp_path / "diverges.yaml").write_text(yaml.safe_dump(diverges))
     runs = read_runs(tiny_results)
     cells = table1.grid(tmp_path, 3, False, ["fedavg", "perfedavg-hf"])
     states = {cell.name(): table1.state(cell, runs)[0] for cell in cells}

@@ -26,12 +26,12 @@ def hide() -> None:
     """Filter those lines out of this driver's output (idempotent)."""
     import ray._private.worker as ray_worker
 
+    printer = ray_worker.print_to_stdstream
+    if getattr(printer, "perfed_ray_hides", False):
+        return  # filters in place: each simulate() would add another
     logging.getLogger("ray").addFilter(_Hide())
     for handler in logging.getLogger("ray").handlers:
         handler.addFilter(_Hide())
-    printer = ray_worker.print_to_stdstream
-    if getattr(printer, "perfed_ray_hides", False):
-        return
 
     def print_to_stdstream(data, *args, **kwargs):
         lines = [line for line in data.get("lines", []) if not any(text in line for text in HIDDEN)]

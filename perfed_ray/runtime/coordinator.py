@@ -156,15 +156,14 @@ class Coordinator:
 
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them: the
-        global model and every user's per-user state, fetched from the actors."""
+        global model and every user's per-user state, fetched from the actors (for
+        methods that keep one: others cost no call)."""
         self.writer.flush()
-        states = {
-            u: s
-            for _, part in self.pool.gather(
-                round_, "user_states", dict.fromkeys(range(len(self.pool.blocks)), ())
-            )
-            for u, s in part.items()
-        }
+        states = {}
+        if self.server.stateful:
+            actors = dict.fromkeys(range(len(self.pool.blocks)), ())
+            for _, part in self.pool.gather(round_, "user_states", actors):
+                states.update(part)
         self.store.save(
             Checkpoint(
                 round_,

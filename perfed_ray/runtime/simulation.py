@@ -249,7 +249,6 @@ def run(
     store.save_record(record)
     template = params_of(model)
     server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg)
-    stateful = server.algorithm.init_user_state(template) is not None
     row = {
         "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
@@ -271,7 +270,7 @@ def run(
                 actor_factory(prepared, placement, checkpoint),
                 cfg.actor_retries,
                 writer.add,
-                replaceable=not stateful,
+                replaceable=not server.stateful,
                 incarnations=incarnations,
             )
             weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
