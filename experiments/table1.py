@@ -50,9 +50,9 @@ STUDY_ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf"]
 RUN_WITH = ["users_per_actor=auto"]  # execution only: not part of a cell's identity
 # Seconds per local step (one user's tau steps cost tau times this, 10 users a round
 # in parallel on 2 cores), from the 1000-round MNIST runs in experiments/results/README.md
-# (2.7, 3.1, 10.8 minutes; exact assumed as HF); CIFAR-10's 3072 inputs make the MLP's
-# first layer, most of its work, about 4 times MNIST's. Finished runs in the results
-# folder replace these guesses (see `estimate`).
+# (2.7, 3.1, 10.8 minutes; exact, and methods not listed, assumed as HF); CIFAR-10's
+# 3072 inputs make the MLP's first layer, most of its work, about 4 times MNIST's.
+# Finished runs in the results folder replace these guesses (see `estimate`).
 STEP_SECONDS = {
     "fedavg": 0.0162,
     "perfedavg-fo": 0.0186,
@@ -180,7 +180,8 @@ def estimate(cell: Cell, measured: pd.DataFrame) -> float:
     if not like.empty:
         per_step = float((like["per_round"] / like["tau"]).median())
     else:
-        per_step = STEP_SECONDS[cfg.algorithm] * DATASET_FACTOR.get(cfg.dataset, 1.0)
+        per_step = STEP_SECONDS.get(cfg.algorithm, max(STEP_SECONDS.values()))
+        per_step *= DATASET_FACTOR.get(cfg.dataset, 1.0)
     return per_step * cfg.rounds * cfg.tau
 
 

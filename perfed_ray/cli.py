@@ -164,6 +164,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from perfed_ray.report.comparison import write_comparison
+
+    print(f"wrote {write_comparison(args.dir, args.out or Path(args.dir) / REPORT)}")
+    return 0
+
+
 def cmd_keys(args: argparse.Namespace) -> int:
     print(configuration.reference_text(markdown=args.markdown))
     return 0
@@ -211,6 +218,14 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("dir", help="results folder")
     report.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
     report.set_defaults(func=cmd_report)
+    compare = sub.add_parser(
+        "compare",
+        help="personalised methods side by side in DIR: seen and unseen users, "
+        "0, 1 and 5 personalisation steps, 95%% intervals over seeds",
+    )
+    compare.add_argument("dir", help="results folder")
+    compare.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
+    compare.set_defaults(func=cmd_compare)
     keys = sub.add_parser("keys", help="list every configuration key")
     keys.add_argument("--markdown", action="store_true", help="print the README's table")
     keys.set_defaults(func=cmd_keys)

@@ -143,6 +143,12 @@ class RunConfig:
     pfedme_beta: float = _opt(
         1.0, "pFedMe: the server's mixing beta, w <- (1 - beta) w + beta mean", low=0, high=2
     )
+    fedrep_body_steps: int = _opt(
+        1, "FedRep: local steps on the body, after tau minus these on the head", low=1
+    )
+    finetune_steps: int = _opt(
+        10, "FedAvg-FT: SGD steps (size alpha) in one personalisation step", low=1
+    )
     model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN", registry=True)
     seed: int = _opt(0, "seed of everything random in the run", low=0)
     eval_every: int = _opt(20, "evaluate users every this many rounds (and at the end)", low=1)

@@ -155,20 +155,24 @@ class Learner:
         state = self._state(user, server, keep=False)
         rows = []
         for draw in range(draws):
-            batches = evaluation_indices(
+            per_step = self.algorithm.personalise_batches
+            indices = evaluation_indices(
                 self.cfg.seed,
                 user,
                 round_,
                 draw,
                 len(y),
                 self.cfg.batch_size,
-                self.cfg.personalise_steps,
+                self.cfg.personalise_steps * per_step,
             )
             personal = self.algorithm.personal_model(self.ops, server, state)
             scores = [before if personal is server else self._score(personal, shard)]
-            for idx in batches:
-                batch = (gather(x, idx), gather(y, idx))
-                personal = self.algorithm.personalise(self.ops, personal, state, batch)
+            for step in range(self.cfg.personalise_steps):
+                batches = [
+                    (gather(x, idx), gather(y, idx))
+                    for idx in indices[step * per_step : (step + 1) * per_step]
+                ]
+                personal = self.algorithm.personalise(self.ops, personal, state, batches)
                 scores.append(self._score(personal, shard))
             accs, losses = (list(v) for v in zip(*scores, strict=True))
             rows.append(

@@ -141,6 +141,8 @@ ALGORITHMS = Registry(
         "local": "perfed_ray.algorithms.local:Local",
         "ditto": "perfed_ray.algorithms.ditto:Ditto",
         "pfedme": "perfed_ray.algorithms.pfedme:PFedMe",
+        "fedrep": "perfed_ray.algorithms.fedrep:FedRep",
+        "fedavg-ft": "perfed_ray.algorithms.fedavg_ft:FedAvgFT",
     },
     group="perfed_ray.algorithms",
     base="perfed_ray.algorithms.base:Algorithm",

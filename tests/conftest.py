@@ -84,13 +84,16 @@ def tiny_results(ray_session, tmp_path_factory):
 
 
 def experiment_script(name: str) -> Iterator[ModuleType]:
-    """experiments/<name>.py imported as a module, for a module-scoped fixture."""
+    """experiments/<name>.py imported as a module, for a module-scoped fixture (with
+    experiments/ on the path, as when it runs as a script, for its sibling imports)."""
+    sys.path.insert(0, str(REPO / "experiments"))
     spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     yield module
     del sys.modules[name]
+    sys.path.remove(str(REPO / "experiments"))
 
 
 def run_cli(

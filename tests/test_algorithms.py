@@ -152,7 +152,7 @@ def test_fedavg_is_sgd_on_d_and_client_update_takes_tau_steps(problem):
 
 def test_personalisation_is_one_sgd_step_of_size_alpha(problem):
     ops, w, (d, _, _) = problem
-    adapted = _algorithm("perfedavg-hf", alpha=0.25).personalise(ops, w, None, d)
+    adapted = _algorithm("perfedavg-hf", alpha=0.25).personalise(ops, w, None, [d])
     g = ops.grad(w, d)
     for k in w:
         torch.testing.assert_close(adapted[k], w[k] - 0.25 * g[k])
@@ -194,3 +194,51 @@ def test_pfedme_moves_w_towards_theta_and_the_server_mixes_by_beta(problem):
     mixed = pfedme.server_update(w, {k: v + 2.0 for k, v in w.items()})
     for k in w:
         torch.testing.assert_close(mixed[k], w[k] + 1.0)
+
+
+def test_fedrep_trains_the_head_then_the_body_and_personalises_the_head(problem):
+    """tau = 3, one body step: two SGD steps on the head with the body fixed, then one on
+    the body with the head fixed; the user keeps its head, and personalisation moves
+    the head alone."""
+    ops, w, (d, d1, d2) = problem
+    head = {k: w[k] + 0.1 for k in ("net.4.weight", "net.4.bias")}  # the MLP's last layer
+    fedrep = _algorithm("fedrep", beta=0.1, alpha=0.2, tau=3, fedrep_body_steps=1)
+    model, _, kept = client_update(fedrep, ops, w, [(d,), (d1,), (d2,)], head)
+    expected = {k: head.get(k, v) for k, v in w.items()}
+    for batch, part in ((d, head), (d1, head), (d2, [k for k in w if k not in head])):
+        g = ops.grad(expected, batch)
+        expected = {k: v - 0.1 * g[k] if k in part else v for k, v in expected.items()}
+    for k in w:
+        torch.testing.assert_close(model[k], expected[k])
+    assert set(kept) == set(head)
+    for k in head:
+        torch.testing.assert_close(kept[k], expected[k])
+    adapted = fedrep.personalise(ops, expected, kept, [d])
+    g = ops.grad(expected, d)
+    for k in w:
+        torch.testing.assert_close(
+            adapted[k], expected[k] - 0.2 * g[k] if k in head else expected[k]
+        )
+
+
+def test_fedavg_ft_trains_as_fedavg_and_fine_tunes_on_each_of_its_batches(problem):
+    ops, w, (d, d1, d2) = problem
+    ft = _algorithm("fedavg-ft", alpha=0.2, finetune_steps=3)
+    assert ft.personalise_batches == 3
+    steps = [(d, d1, d2), (d1, d2, d)]
+    trained = client_update(ft, ops, w, steps, None)[0]
+    plain = client_update(_algorithm("fedavg"), ops, w, steps, None)[0]
+    tuned = ft.personalise(ops, trained, None, [d, d1, d2])
+    expected = trained
+    for batch in (d, d1, d2):
+        expected = sgd(expected, ops.grad(expected, batch), 0.2)
+    for k in w:
+        torch.testing.assert_close(trained[k], plain[k])
+        torch.testing.assert_close(tuned[k], expected[k])
+
+
+def test_fedrep_rejects_more_body_steps_than_tau():
+    from perfed_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fedrep_body_steps = 5 exceeds tau = 4"):
+        _algorithm("fedrep", tau=4, fedrep_body_steps=5)

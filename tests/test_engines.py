@@ -27,6 +27,8 @@ METHODS = [
     ("local", {}),
     ("ditto", {}),
     ("pfedme", {"pfedme_steps": 2}),
+    ("fedrep", {"tau": 3}),
+    ("fedavg-ft", {}),
 ]
 
 

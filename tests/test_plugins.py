@@ -139,7 +139,7 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(
     _assert_same(out, stateful_reference)
 
 
-@pytest.mark.parametrize("algorithm", [STATEFUL, "local", "ditto", "pfedme"])
+@pytest.mark.parametrize("algorithm", [STATEFUL, "local", "ditto", "pfedme", "fedrep"])
 def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
     ray_session, tmp_path, monkeypatch, algorithm
 ):

@@ -61,10 +61,12 @@ class Algorithm:
     the user's training shard, from the user's own random stream; `tau` steps make a
     round. `draws_per_step`, if larger, is how many the stream draws per step (the
     rest unused), so that methods compared on one seed see the same batches.
+    `personalise_batches` fresh batches are drawn for each personalisation step.
     """
 
     batches_per_step: ClassVar[int] = 1
     draws_per_step: ClassVar[int | None] = None
+    personalise_batches: int = 1
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -99,11 +101,15 @@ class Algorithm:
         return server
 
     def personalise(
-        self, ops: ModelOps, server: Params, user_state: Params | None, batch: Batch
+        self, ops: ModelOps, model: Params, user_state: Params | None, batches: Sequence[Batch]
     ) -> Params:
         """One personalisation step for evaluation, from the model it is given (the
-        server's, or the result of the previous step): SGD of size alpha, PROTOCOL.md."""
-        return sgd(server, ops.grad(server, batch), self.alpha)
+        personal model, or the result of the previous step): SGD of size alpha on each
+        of its `personalise_batches` batches in turn; with one batch, PROTOCOL.md's
+        step."""
+        for batch in batches:
+            model = sgd(model, ops.grad(model, batch), self.alpha)
+        return model
 
     # -- server side -------------------------------------------------------------------
     def server_update(self, server: Params, aggregate: Params) -> Params:

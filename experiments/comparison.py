@@ -1,0 +1,92 @@
+"""Run the comparison of personalised methods (issue 15) and write its report.
+
+    python experiments/comparison.py --dry-run          # what would run, how long
+    python experiments/comparison.py                    # every setting, then the report
+    python experiments/comparison.py mnist-tau10        # one setting only
+
+The grid: every setting in experiments/configs/comparison/*.yaml (the MNIST Table 1
+row tau = 10; CIFAR-10 split by Dirichlet(0.3) over 100 users), times the nine
+methods below, times `--seeds` training seeds. Every setting keeps 20% of its users
+unseen and scores the personalisation curve to 5 steps. The cells are run, skipped
+when done and resumed when stopped exactly as `table1.py` runs its own (its runner
+is reused), into `--out`; the script ends with `perfed-ray compare OUT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from table1 import Cell, estimate, run_cells, state, timings
+
+from perfed_ray.analysis import read_runs
+from perfed_ray.report.comparison import write_comparison
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = HERE / "configs" / "comparison"
+METHODS = [
+    "fedavg",
+    "fedavg-ft",
+    "perfedavg-fo",
+    "perfedavg-hf",
+    "perfedavg",
+    "pfedme",
+    "ditto",
+    "fedrep",
+    "local",
+]
+
+
+def grid(configs: Path, seeds: int, methods: list[str], extra: tuple[str, ...], only: set[str]):
+    rows = sorted(row for row in configs.glob("*.yaml") if not only or row.stem in only)
+    return [
+        Cell(row, (f"algorithm={m}", f"seed={s}", *extra))
+        for row in rows
+        for s in range(seeds)
+        for m in methods
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("settings", nargs="*", metavar="SETTING", help="e.g. mnist-tau10")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "comparison")
+    parser.add_argument("--configs", type=Path, default=CONFIGS)
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1")
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
+    parser.add_argument("--dry-run", action="store_true", help="list what would run")
+    args = parser.parse_args(argv)
+    known = {row.stem for row in args.configs.glob("*.yaml")}
+    if not known or set(args.settings) - known:
+        raise SystemExit(
+            f"error: settings {sorted(set(args.settings) - known)} not in {args.configs}"
+        )
+    runs = read_runs(args.out)
+    plan = [
+        (cell, *state(cell, runs))
+        for cell in grid(
+            args.configs, args.seeds, args.methods, tuple(args.set), set(args.settings)
+        )
+    ]
+    todo = [cell for cell, how, _ in plan if how != "done"]
+    measured = timings(runs)
+    for cell, how, run_id in plan:
+        print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
+    hours = sum(estimate(cell, measured) for cell in todo) / 3600
+    print(f"{len(plan)} cells, {len(todo)} to run: about {hours:.1f} hours one at a time")
+    if args.dry_run:
+        return 0
+    failures = run_cells(todo, args.out, args.jobs)
+    if failures:
+        print(f"{failures} cells exited with an error (see {args.out}/logs)")
+    print(f"wrote {write_comparison(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""FedAvg-FT: FedAvg, then each user fine-tunes the global model on its own training
+data, the personalisation baseline of Wang et al. ("Federated Evaluation of On-device
+Personalization", 2019) and Jiang et al. ("Improving Federated Learning
+Personalization via Model Agnostic Meta Learning", 2019), FL-bench's "FedAvg-FT".
+
+Training is FedAvg's exactly (same batches for one seed). One personalisation step
+is `finetune_steps` SGD steps of size alpha, each on a fresh batch of the user's
+training shard; with `finetune_steps: 1` the method is the paper's "FedAvg + update".
+"""
+
+from __future__ import annotations
+
+from perfed_ray.algorithms.fedavg import FedAvg
+
+
+class FedAvgFT(FedAvg):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.personalise_batches = cfg.finetune_steps

@@ -1,0 +1,213 @@
+"""`perfed-ray compare`: personalised methods side by side, for users that trained and
+users that never did, after each number of personalisation steps.
+
+For every finished run, the final evaluation's `acc_steps` (accuracy after 0, 1, ...,
+`personalise_steps` steps of the method's own personalisation) are averaged over
+draws and users, separately for seen users and for unseen ones (`unseen_users`); a
+cell is the mean over training seeds with its 95% t interval over seeds. Runs form
+one table per *setting*: every configuration value that is not the method, the seed,
+a method's own knob or an execution mechanic, so runs are only ever compared with
+runs of the same setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfed_ray.analysis import mean_ci95, read_runs, read_table
+from perfed_ray.config import FIELDS
+from perfed_ray.errors import InputError
+from perfed_ray.registry import ALGORITHMS
+from perfed_ray.report.cells import MECHANICS
+
+STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
+METHOD_PREFIXES = ("ditto_", "pfedme_", "fedrep_")
+METHOD_KEYS = {"delta", "hf_delta", "finetune_steps"}
+# Published figures beside ours, where a setting matches a method's own paper:
+# {setting label: {method: (accuracy %, source)}}.
+PUBLISHED: dict[str, dict[str, tuple[float, str]]] = {}
+
+
+def _method_key(key: str) -> bool:
+    return key.startswith(METHOD_PREFIXES) or key in METHOD_KEYS
+
+
+def _setting_keys(runs: pd.DataFrame) -> list[str]:
+    return [
+        k
+        for k in FIELDS
+        if k in runs
+        and k not in MECHANICS
+        and k not in {"algorithm", "seed"}
+        and not _method_key(k)
+    ]
+
+
+def _label(values: pd.Series, keys: list[str]) -> str:
+    """A setting named by its data set and the values that differ from the defaults."""
+    unused = {"dataset"} | (set() if str(values["partition"]).startswith("paper") else {"paper_a"})
+    shown = [
+        f"{k}={values[k]}"
+        for k in keys
+        if k not in unused and not pd.isna(values[k]) and values[k] != FIELDS[k].default
+    ]
+    return f"{values['dataset']}: " + ", ".join(shown)
+
+
+def _method(run: pd.Series) -> str:
+    """The algorithm, with its own knobs where they differ from the defaults."""
+    own = [
+        f"{k}={run[k]}"
+        for k in FIELDS
+        if _method_key(k) and k in run and run[k] != FIELDS[k].default
+        if not (k in {"delta", "hf_delta"} and run["algorithm"] != "perfedavg-hf")
+    ]
+    return run["algorithm"] + (f" ({', '.join(own)})" if own else "")
+
+
+def annotated_runs(out: str | Path) -> pd.DataFrame:
+    """The runs table with each run's setting and method."""
+    runs = read_runs(out)
+    if runs.empty:
+        raise InputError(f"{out} holds no runs")
+    keys = _setting_keys(runs)
+    return runs.assign(
+        setting=[_label(r, keys) for _, r in runs.iterrows()],
+        method=[_method(r) for _, r in runs.iterrows()],
+    )
+
+
+def per_run(out: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per finished run and user group (seen/unseen): the mean accuracy after
+    each personalisation step at the final evaluation."""
+    evals = read_table(out, "evals")
+    if evals.empty:
+        raise InputError(f"{out} holds no evaluations")
+    final = evals[evals["final"]]
+    rows = []
+    for run_id, frame in final.groupby("run_id", observed=True):
+        run = runs.loc[runs["run_id"] == run_id].iloc[0]
+        if run["status"] != "finished":
+            continue
+        steps = np.stack(frame["acc_steps"].to_numpy())
+        for unseen in (False, True):
+            pick = (frame["unseen"] == unseen).to_numpy()
+            if pick.any():
+                per_user = pd.DataFrame(steps[pick]).groupby(frame["user"].to_numpy()[pick]).mean()
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "setting": run["setting"],
+                        "method": run["method"],
+                        "seed": run["seed"],
+                        "unseen": unseen,
+                        "users": len(per_user),
+                        **{f"acc_{k}": per_user[k].mean() for k in per_user.columns},
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, method, user group and step: mean and 95% interval over seeds."""
+    rows = []
+    for (setting, method, unseen), frame in table.groupby(["setting", "method", "unseen"]):
+        for k in STEPS:
+            column = f"acc_{k}"
+            if column in frame and frame[column].notna().all():
+                mean, half = mean_ci95(frame[column].to_numpy())
+                rows.append(
+                    {
+                        "setting": setting,
+                        "method": method,
+                        "unseen": unseen,
+                        "steps": k,
+                        "seeds": len(frame),
+                        "accuracy": mean,
+                        "ci95": half,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def _order(methods: set[str]) -> list[str]:
+    names = ALGORITHMS.names()
+    return sorted(
+        methods,
+        key=lambda m: (names.index(m.split(" ")[0]) if m.split(" ")[0] in names else len(names), m),
+    )
+
+
+def comparison_markdown(out: str | Path) -> str:
+    """The comparison report: one table per setting, the best mean of each column in
+    bold, and which method wins where."""
+    runs = annotated_runs(out)
+    stats = across_seeds(per_run(out, runs))
+    lines = [
+        "# Personalised methods compared: seen and unseen users, 0, 1 and 5 steps",
+        "",
+        "Each cell: final personalised accuracy (%), the mean over users and "
+        "personalisation draws, then over training seeds, ± the 95% t interval over "
+        "seeds. *Seen*: users sampled for training; *unseen*: the `unseen_users` share "
+        "that never trained, personalised from what each method gives a newcomer. "
+        "Steps: 0 = the method's personal model as is (the global one for FedAvg and "
+        "Per-FedAvg), 1 = PROTOCOL.md's one step, 5 = five steps of the method's own "
+        "personalisation. Bold: the best mean of its column.",
+        "",
+    ]
+    for setting, frame in stats.groupby("setting"):
+        columns = [
+            (unseen, k)
+            for unseen in (False, True)
+            for k in STEPS
+            if ((frame["unseen"] == unseen) & (frame["steps"] == k)).any()
+        ]
+        best = {
+            c: frame[(frame["unseen"] == c[0]) & (frame["steps"] == c[1])]["accuracy"].max()
+            for c in columns
+        }
+        published = PUBLISHED.get(setting, {})
+        lines += [f"## {setting}", ""]
+        header = [
+            f"{'unseen' if u else 'seen'}, {k} step{'s' if k != 1 else ''}" for u, k in columns
+        ]
+        extra = ["published"] if published else []
+        lines.append("| method | " + " | ".join(header + extra) + " | seeds |")
+        lines.append("|" + " --- |" * (len(header) + len(extra) + 2))
+        for method in _order(set(frame["method"])):
+            texts = []
+            for c in columns:
+                cell = frame[
+                    (frame["method"] == method)
+                    & (frame["unseen"] == c[0])
+                    & (frame["steps"] == c[1])
+                ]
+                if cell.empty:
+                    texts.append("-")
+                    continue
+                a, h = cell["accuracy"].iloc[0], cell["ci95"].iloc[0]
+                several = cell["seeds"].iloc[0] > 1
+                text = f"{100 * a:.2f}" + (f" ± {100 * h:.2f}" if several else "")
+                texts.append(f"**{text}**" if a == best[c] else text)
+            if published:
+                figure = published.get(method)
+                texts.append(f"{figure[0]:.2f} ({figure[1]})" if figure else "-")
+            seeds = frame.loc[frame["method"] == method, "seeds"].max()
+            mine = runs[(runs["setting"] == setting) & (runs["method"] == method)]
+            off = mine[mine["status"] != "finished"]["status"].value_counts()
+            note = "".join(f", {n} {s}" for s, n in off.items())
+            lines.append(f"| {method} | " + " | ".join(texts) + f" | {seeds}{note} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_comparison(out: str | Path, dest: str | Path | None = None) -> Path:
+    """Write `comparison.md` into `dest` (default OUT/report) and return its path."""
+    dest = Path(dest) if dest is not None else Path(out) / "report"
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "comparison.md"
+    path.write_text(comparison_markdown(out))
+    return path
