@@ -109,6 +109,7 @@ class RunConfig:
     dirichlet_alpha: float = _opt(
         0.5, "concentration of the `dirichlet` partition", low=0, low_open=True
     )
+    labels_per_user: int = _opt(2, "classes per user of the `labels` partition", low=1)
     n_users: int = _opt(50, "number of users n", low=1)
     fraction: float = _opt(
         0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
@@ -149,7 +150,12 @@ class RunConfig:
     finetune_steps: int = _opt(
         10, "FedAvg-FT: SGD steps (size alpha) in one personalisation step", low=1
     )
-    model: str = _opt("mlp", "model: the paper's MLP (80, 60, ELU) or a small CNN", registry=True)
+    model: str = _opt(
+        "mlp",
+        "model: the paper's MLP (80, 60, ELU), a small CNN, or multinomial logistic "
+        "regression (logreg)",
+        registry=True,
+    )
     seed: int = _opt(0, "seed of everything random in the run", low=0)
     eval_every: int = _opt(20, "evaluate users every this many rounds (and at the end)", low=1)
     eval_users: float | None = _opt(

@@ -1,4 +1,5 @@
-"""Models: the paper's MLP (Section 5) and a small CNN, used as pure functions.
+"""Models: the paper's MLP (Section 5), multinomial logistic regression and a small
+CNN, used as pure functions.
 
 Every model takes flattened inputs (the protocol's layout, scaled by `input_scale`), so the
 data pipeline is the same whichever model a run picks; the CNN restores the
@@ -34,6 +35,22 @@ class MLP(nn.Module):
     def fused_layers(self) -> tuple[str, nn.Sequential]:
         """Declares the model a chain of Linear and ELU layers, so the `fused` engine
         can run it: (the parameters' name prefix, the chain)."""
+        return "net", self.net
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression, d -> classes: the convex model of FedProx's
+    Synthetic benchmark (Li et al. 2020) and pFedMe's MNIST "MLR" (Dinh et al. 2020)."""
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(int(np.prod(input_shape)), n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def fused_layers(self) -> tuple[str, nn.Sequential]:
+        """One Linear layer: a chain the `fused` engine runs."""
         return "net", self.net
 
 

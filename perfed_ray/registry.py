@@ -154,6 +154,7 @@ MODELS = Registry(
     {
         "mlp": "perfed_ray.models:MLP",
         "cnn": "perfed_ray.models:CNN",
+        "logreg": "perfed_ray.models:LogReg",
     },
     group="perfed_ray.models",
     base="torch.nn:Module",
@@ -181,6 +182,7 @@ PARTITIONERS = Registry(
         "paper-diff": "perfed_ray.data.partition:paper_diff",
         "iid": "perfed_ray.data.partition:iid",
         "dirichlet": "perfed_ray.data.partition:dirichlet",
+        "labels": "perfed_ray.data.partition:labels",
         "natural": "perfed_ray.data.partition:natural",
     },
     group="perfed_ray.partitioners",

@@ -41,7 +41,7 @@ def _work(users: int, tau: int = 3, seed: int = 0):
 
 def _run(name, values, engine, x, y, compile=False):
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
-    model = build_model("mlp", (1, 28, 28), 10, seed=0)
+    model = build_model(cfg.model, (1, 28, 28), 10, seed=0)
     algorithm = ALGORITHMS.load(name)(cfg)
     server = params_of(model)
     first = algorithm.init_user_state(server)
@@ -69,6 +69,15 @@ def _assert_close(got, expected):
 def test_engines_match_sequential(name, values, engine):
     x, y = _work(users=5)
     _assert_close(_run(name, values, engine, x, y), _run(name, values, "sequential", x, y))
+
+
+@pytest.mark.parametrize("name", ["pfedme", "fedrep"])
+def test_logistic_regression_is_a_chain_the_fused_engine_runs(name):
+    logreg = build_model("logreg", (1, 28, 28), 10)
+    assert len(chain_of(logreg)) == 1
+    x, y = _work(users=4)
+    values = {"model": "logreg", "tau": 3}
+    _assert_close(_run(name, values, "fused", x, y), _run(name, values, "sequential", x, y))
 
 
 def test_fused_runs_more_users_than_a_block_in_blocks():

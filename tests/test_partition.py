@@ -85,3 +85,22 @@ def test_too_many_users_for_the_paper_split_is_a_clear_error(mnist):
     pattern = r"training set has \d+ samples of class 0, but the partition needs .*lower n_users"
     with pytest.raises(DataError, match=pattern):
         partition(from_mapping({"dataset": "mnist", "n_users": 200, "paper_a": 196}), mnist)
+
+
+def test_labels_gives_each_user_its_classes_and_shares_each_class_out_whole(mnist):
+    """pFedMe's split: user u holds classes u and u + 1 (mod 10), every sample of the
+    training set goes to someone, sizes differ between users and the test shards
+    follow the training shards' class mix."""
+    cfg = from_mapping({"dataset": "mnist", "partition": "labels", "n_users": 20})
+    users = partition(cfg, mnist)
+    _assert_disjoint(users, "train")
+    _assert_disjoint(users, "test")
+    assert sum(len(u.train) for u in users) == len(mnist.y_train)
+    for u in users:
+        train = _class_counts(mnist.y_train, u.train)
+        assert set(np.flatnonzero(train)) == {u.user % 10, (u.user + 1) % 10}
+        test = _class_counts(mnist.y_test, u.test)
+        assert set(np.flatnonzero(test)) <= set(np.flatnonzero(train))
+    assert len({len(u.train) for u in users}) > 10
+    with pytest.raises(DataError, match="labels_per_user = 11 must be between 1 and the 10"):
+        partition(from_mapping({**cfg.to_dict(), "labels_per_user": 11}), mnist)

@@ -10,6 +10,8 @@ are disjoint by construction whatever the partitioner.
 - `iid`: every user the same class mix, the whole data set shared out.
 - `dirichlet`: class proportions over users drawn from Dir(concentration)
   (Hsu et al. 2019), the test set split with the same proportions.
+- `labels`: `labels_per_user` classes per user in random amounts, pFedMe's MNIST
+  split (Dinh et al. 2020).
 """
 
 from __future__ import annotations
@@ -165,6 +167,34 @@ def dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Cou
         f"leaving some of the {cfg.n_users} users fewer than batch_size = "
         f"{cfg.batch_size} samples: raise dirichlet_alpha or lower n_users"
     )
+
+
+def labels(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """`labels_per_user` classes per user, user u holding classes (u + j) mod C, each
+    class shared among its holders in random sizes by the law of pFedMe's MNIST
+    generator (Dinh et al. 2020, data/Mnist/generate_niid_20users.py): every holder but
+    the last draws uniformly from [total / (holders + 1), total / 2) of what is left,
+    the last takes the rest. Sizes are drawn on the training set and the test set is
+    split in the same proportions (the generator pooled both and kept 75% to train)."""
+    classes = data.n_classes
+    if not 1 <= cfg.labels_per_user <= classes:
+        raise DataError(
+            f"labels_per_user = {cfg.labels_per_user} must be between 1 and the "
+            f"{classes} classes of {data.name}"
+        )
+    holders = [
+        [u for u in range(cfg.n_users) if (c - u) % classes < cfg.labels_per_user]
+        for c in range(classes)
+    ]
+    proportions = np.zeros((cfg.n_users, classes))
+    for c, users in enumerate(holders):
+        left = 1.0
+        for u in users[:-1]:
+            share = rng.uniform(left / (len(users) + 1), left / 2)
+            proportions[u, c], left = share, left - share
+        if users:
+            proportions[users[-1], c] = left
+    return _proportional(cfg, data, proportions)
 
 
 def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> Counts:
