@@ -397,22 +397,23 @@ def _check_combination(cfg: RunConfig) -> None:
             f"n_users = {cfg.n_users} is too small for partition "
             f"{cfg.partition!r}: it needs at least 2 users (two groups)"
         )
-    if (cfg.dataset == "synthetic") != (cfg.partition == "natural"):
+    generated = REGISTRIES["dataset"].load(cfg.dataset).load is None
+    if generated != (cfg.partition == "natural"):
         raise ConfigError(
             f"partition = {cfg.partition!r} does not fit dataset = "
-            f"{cfg.dataset!r}: dataset synthetic generates its own users and "
-            f"needs partition: natural; the other data sets need paper, "
-            f"paper-diff, iid or dirichlet"
+            f"{cfg.dataset!r}: generated data sets (synthetic, synthetic-iid) make "
+            f"their own users and need partition: natural; the other data sets need "
+            f"paper, paper-diff, iid, dirichlet or labels"
         )
-    if cfg.dataset == "synthetic" and cfg.input_scale != "unit":
+    if generated and cfg.input_scale != "unit":
         raise ConfigError(
             f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
-            f"synthetic has real-valued features: use input_scale: unit"
+            f"{cfg.dataset} has real-valued features: use input_scale: unit"
         )
-    if cfg.dataset == "synthetic" and cfg.model != "mlp":
+    if generated and cfg.model == "cnn":
         raise ConfigError(
-            f"model = {cfg.model!r} needs images; dataset synthetic has 60 "
-            f"plain features: use model: mlp"
+            f"model = cnn needs images; dataset {cfg.dataset} has 60 plain "
+            f"features: use model: mlp or logreg"
         )
     if cfg.fraction * cfg.n_users < 1:
         raise ConfigError(

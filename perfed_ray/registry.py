@@ -168,6 +168,7 @@ DATASETS = Registry(
         "cifar10": "perfed_ray.data.datasets:CIFAR10",
         "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
         "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
+        "synthetic-iid": "perfed_ray.data.synthetic:SYNTHETIC_IID",
     },
     group="perfed_ray.datasets",
     base="perfed_ray.data.datasets:Dataset",

@@ -1,13 +1,16 @@
-"""Placement planning, Synthetic(alpha, beta) users and a generated-data run on Ray."""
+"""Placement planning, Synthetic(alpha, beta) and Synthetic-IID users, and generated-data
+runs on Ray."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+import perfed_ray
 from perfed_ray.config import ConfigError, from_mapping
-from perfed_ray.data.synthetic import synthetic_user
+from perfed_ray.data.synthetic import synthetic_iid_user, synthetic_user
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.placement import plan, spread
 
@@ -63,7 +66,7 @@ def test_synthetic_users_are_a_function_of_seed_and_id():
 
 
 def test_synthetic_needs_its_natural_partition():
-    with pytest.raises(ConfigError, match="needs partition: natural"):
+    with pytest.raises(ConfigError, match="need partition: natural"):
         from_mapping({"dataset": "synthetic"})
     with pytest.raises(ConfigError, match="does not fit"):
         from_mapping({"dataset": "mnist", "partition": "natural"})
@@ -166,3 +169,55 @@ def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(r
     assert result.weight == sum(n.values())
     expected = sum(n[u] * result.per_user[u].astype(np.float64) for u in n)
     np.testing.assert_allclose(result.total, expected, rtol=1e-6, atol=1e-6)
+
+
+def _pooled_linear_accuracy(generate, users: range) -> float:
+    """Training accuracy of one multinomial logistic regression fitted to the pooled
+    training data of `users`: near 1 when one W, b labels everyone."""
+    parts = [generate(0, 1.0, 1.0, u) for u in users]
+    x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
+    y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+    model = torch.nn.Linear(x.shape[1], 10)
+    optimiser = torch.optim.LBFGS(model.parameters(), max_iter=200)
+
+    def loss():
+        optimiser.zero_grad()
+        value = torch.nn.functional.cross_entropy(model(x), y)
+        value.backward()
+        return value
+
+    optimiser.step(loss)
+    return float((model(x).argmax(1) == y).float().mean())
+
+
+def test_synthetic_iid_users_share_one_model_and_centre_while_synthetic_users_do_not():
+    assert _pooled_linear_accuracy(synthetic_iid_user, range(20)) > 0.99
+    assert _pooled_linear_accuracy(synthetic_user, range(20)) < 0.95
+    means = np.stack([synthetic_iid_user(0, 1.0, 1.0, u)[0].mean(0) for u in range(20)])
+    assert np.abs(means).max() < 1.0  # v = 0 for every user
+    x_train, _, x_test, _ = synthetic_iid_user(0, 1.0, 1.0, 3)
+    assert len(x_train) == int(0.8 * (len(x_train) + len(x_test)))  # the paper's 80/20
+
+
+def test_synthetic_iid_runs_with_logistic_regression(ray_session, tmp_path):
+    result = perfed_ray.simulate(
+        {
+            "dataset": "synthetic-iid",
+            "partition": "natural",
+            "model": "logreg",
+            "algorithm": "fedavg",
+            "n_users": 20,
+            "fraction": 0.5,
+            "rounds": 20,
+            "eval_every": 20,
+            "tau": 5,
+            "beta": 0.1,
+            "final_eval_draws": 1,
+        },
+        tmp_path,
+    )
+    evals = result.table("evals")
+    start = evals.loc[evals["round"] == 0, "acc_before"].mean()
+    assert evals.loc[evals["final"], "acc_before"].mean() > start + 0.2  # it learns
+    with pytest.raises(ConfigError, match="model = cnn needs images"):
+        from_mapping({"dataset": "synthetic-iid", "partition": "natural", "model": "cnn"})

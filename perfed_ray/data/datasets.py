@@ -190,13 +190,15 @@ def load_gaussian(root: Path, download: bool, seed: int) -> DataArrays:
 
 @dataclass(frozen=True)
 class Dataset:
-    """A registered data set (:data:`perfed_ray.registry.DATASETS`): how to load it
-    (None: generated per user inside the actors, see :mod:`perfed_ray.data.synthetic`),
-    whether it needs files under the data root, and `a` of the paper split."""
+    """A registered data set (:data:`perfed_ray.registry.DATASETS`): how to load it, or
+    (`load` None) how to generate one user's data from (seed, alpha, beta, user) inside
+    the actors (:mod:`perfed_ray.data.synthetic`); whether it needs files under the
+    data root, and `a` of the paper split."""
 
     load: Callable[[Path, bool, int], DataArrays] | None
     files: bool = True
     paper_a: int | None = None
+    generate: Callable[[int, float, float, int], tuple[np.ndarray, ...]] | None = None
 
 
 MNIST = Dataset(load_mnist, paper_a=196)

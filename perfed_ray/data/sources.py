@@ -6,6 +6,7 @@ shards itself; it carries indices or seeds, never samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,7 +16,7 @@ from perfed_ray.data.datasets import DataArrays, load_dataset
 from perfed_ray.data.partition import UserIndices
 from perfed_ray.data.scaling import InputScaling
 from perfed_ray.data.shards import Shard, materialise
-from perfed_ray.data.synthetic import CLASSES, FEATURES, synthetic_user
+from perfed_ray.data.synthetic import CLASSES, FEATURES, UserData
 
 
 class ShardSource(Protocol):
@@ -53,8 +54,10 @@ class PartitionedShards:
 
 @dataclass(frozen=True)
 class SyntheticShards:
-    """Synthetic(alpha, beta) users, generated from the seed and their ids."""
+    """Generated users (:mod:`perfed_ray.data.synthetic`), made from the seed and their
+    ids by `generate`."""
 
+    generate: Callable[[int, float, float, int], UserData]
     seed: int
     alpha: float
     beta: float
@@ -66,7 +69,7 @@ class SyntheticShards:
     ) -> dict[int, Shard]:
         out = {}
         for u in users:
-            x_train, y_train, x_test, y_test = synthetic_user(self.seed, self.alpha, self.beta, u)
+            x_train, y_train, x_test, y_test = self.generate(self.seed, self.alpha, self.beta, u)
             out[u] = Shard(
                 u,
                 "all",

@@ -1,10 +1,13 @@
-"""Synthetic(alpha, beta): the federated benchmark of FedProx (Li et al., MLSys 2020,
-Section 5.1; LEAF's "synthetic"), generated per user from (seed, user).
+"""Synthetic(alpha, beta) and Synthetic-IID: the federated benchmarks of FedProx (Li et
+al., MLSys 2020, Section 5.1 and its code's data/synthetic_*/ generators; LEAF's
+"synthetic" is a different generator), made per user from (seed, user).
 
-User k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k ~ N(u_k, 1) (60 x 10),
-b_k ~ N(u_k, 1); v_k ~ N(B_k, 1) (60); x ~ N(v_k, diag(j^-1.2));
-y = argmax(softmax(W_k^T x + b_k)). Sample counts follow a power law,
-floor(lognormal(4, 2)) + 50; 80% of a user's samples train, 20% test.
+Synthetic(alpha, beta), user k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k ~ N(u_k, 1)
+(60 x 10), b_k ~ N(u_k, 1); v_k ~ N(B_k, 1) (60); x ~ N(v_k, diag(j^-1.2));
+y = argmax(softmax(W_k^T x + b_k)). Synthetic-IID: one W, b ~ N(0, 1) for every user
+(drawn from the seed alone) and v = 0. Sample counts follow a power law,
+floor(lognormal(4, 2)) + 50; 80% of a user's samples train, 20% test (the paper's
+split; the generators' code keeps 90%).
 
 Because a user's data is a function of the seed and its id alone, each
 actor generates its own users: 100,000 users cost no storage and no driver
@@ -18,17 +21,17 @@ import numpy as np
 from perfed_ray.data.datasets import Dataset
 from perfed_ray.seeding import Stream, numpy_rng
 
-SYNTHETIC = Dataset(load=None, files=False)  # users generated inside the actors
-
 FEATURES, CLASSES = 60, 10
 TRAIN_FRACTION = 0.8
 _SCALE = np.arange(1, FEATURES + 1) ** -0.6  # sqrt of diag(j^-1.2)
 
 
-def synthetic_user(
-    seed: int, alpha: float, beta: float, user: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test) of one user, float32 features."""
+UserData = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def synthetic_user(seed: int, alpha: float, beta: float, user: int) -> UserData:
+    """(x_train, y_train, x_test, y_test) of one Synthetic(alpha, beta) user, float32
+    features."""
     rng = numpy_rng(seed, Stream.DATA, user)
     n = int(rng.lognormal(4, 2)) + 50
     mean_w = rng.normal(0, alpha)
@@ -36,7 +39,25 @@ def synthetic_user(
     centre = rng.normal(b_mean, 1, FEATURES)
     weights = rng.normal(mean_w, 1, (FEATURES, CLASSES))
     bias = rng.normal(mean_w, 1, CLASSES)
-    x = (centre + rng.normal(size=(n, FEATURES)) * _SCALE).astype(np.float32)
+    return _labelled(centre + rng.normal(size=(n, FEATURES)) * _SCALE, weights, bias)
+
+
+def synthetic_iid_user(seed: int, alpha: float, beta: float, user: int) -> UserData:
+    """One Synthetic-IID user: the shared W, b (alpha and beta play no part)."""
+    shared = numpy_rng(seed, Stream.SHARED_DATA)
+    weights = shared.normal(0, 1, (FEATURES, CLASSES))
+    bias = shared.normal(0, 1, CLASSES)
+    rng = numpy_rng(seed, Stream.DATA, user)
+    n = int(rng.lognormal(4, 2)) + 50
+    return _labelled(rng.normal(size=(n, FEATURES)) * _SCALE, weights, bias)
+
+
+def _labelled(x: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> UserData:
+    x = x.astype(np.float32)
     y = np.argmax(x @ weights + bias, axis=1).astype(np.int64)
-    cut = int(TRAIN_FRACTION * n)
+    cut = int(TRAIN_FRACTION * len(x))
     return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+SYNTHETIC = Dataset(load=None, files=False, generate=synthetic_user)
+SYNTHETIC_IID = Dataset(load=None, files=False, generate=synthetic_iid_user)

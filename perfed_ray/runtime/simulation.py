@@ -70,7 +70,8 @@ class Prepared:
         or index sets, never samples."""
         cfg = self.cfg
         if self.data is None:
-            return SyntheticShards(cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta)
+            generate = dataset(cfg.dataset).generate
+            return SyntheticShards(generate, cfg.seed, cfg.synthetic_alpha, cfg.synthetic_beta)
         return PartitionedShards(
             cfg.dataset,
             str(cfg.data_root),
