@@ -168,6 +168,16 @@ class RunConfig:
         auto=True,
         word="all",
     )
+    shard_cache_mb: float | None = _opt(
+        None,
+        "megabytes of users' shards an actor keeps made (most recently used first); "
+        "others are made again from their indices or seed when next needed. all: keep "
+        "every shard once made. Results do not depend on it",
+        low=0,
+        low_open=True,
+        auto=True,
+        word="all",
+    )
     sample_final_eval: bool = _opt(False, "the final evaluation, too, scores only eval_users users")
     final_eval_draws: int = _opt(
         10, "independent adaptation batches drawn at the final evaluation", low=1

@@ -25,6 +25,10 @@ class ShardSource(Protocol):
     input_shape: tuple[int, int, int]
     n_classes: int
 
+    def data_for(self, data: DataArrays | None) -> DataArrays | None:
+        """What :meth:`shards` draws from in this actor: the shared data set, or the
+        one the actor loads itself (once), or nothing for generated users."""
+
     def shards(
         self, users: list[int], device: torch.device, data: DataArrays | None
     ) -> dict[int, Shard]: ...
@@ -44,11 +48,15 @@ class PartitionedShards:
     n_classes: int
     scaling: InputScaling
 
+    def data_for(self, data: DataArrays | None) -> DataArrays:
+        if data is None:
+            data = load_dataset(self.dataset, self.data_root, False, self.seed)
+        return data
+
     def shards(
         self, users: list[int], device: torch.device, data: DataArrays | None
     ) -> dict[int, Shard]:
-        if data is None:
-            data = load_dataset(self.dataset, self.data_root, False, self.seed)
+        data = self.data_for(data)
         return {u: materialise(data, self.indices[u], device, self.scaling) for u in users}
 
 
@@ -63,6 +71,9 @@ class SyntheticShards:
     beta: float
     input_shape: tuple[int, int, int] = (1, 1, FEATURES)
     n_classes: int = CLASSES
+
+    def data_for(self, data: DataArrays | None) -> None:
+        return None
 
     def shards(
         self, users: list[int], device: torch.device, data: DataArrays | None

@@ -35,6 +35,7 @@ MECHANICS = frozenset(
         "num_cpus_per_actor",
         "num_gpus_per_actor",
         "checkpoint_every",
+        "shard_cache_mb",
         "actor_retries",
         "tag",
     }
