@@ -42,6 +42,9 @@ class Evaluation:
     loss_steps: list[float]
 
 
+EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a block of users
+
+
 class Learner:
     """Local training and evaluation of the users whose shards it holds.
 
@@ -133,61 +136,103 @@ class Learner:
         kept = {u: self.state_layout.flatten(s) for u, s in self.states.items()}
         return {**self.saved_states, **kept}
 
-    def _score(self, params: Params, shard: Shard) -> tuple[float, float]:
-        logits = self.ops.logits(params, shard.x_test)
-        loss = nn.functional.cross_entropy(logits, shard.y_test)
-        accuracy = (logits.argmax(dim=1) == shard.y_test).float().mean()
-        return float(accuracy), float(loss)
+    def _score(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accuracy, mean loss) on one user's test shard, padded to the block's
+        longest: `mask` marks the user's own samples."""
+        logits = self.ops.logits(params, x)
+        losses = nn.functional.cross_entropy(logits, y, reduction="none")
+        n = mask.sum()
+        hits = (logits.argmax(dim=1) == y).to(mask.dtype)
+        return (hits * mask).sum() / n, (losses * mask).sum() / n
 
-    def evaluate(self, server: Params, user: int, round_: int, draws: int) -> list[Evaluation]:
+    def _curve(self, server, state, x, y, x_test, y_test, mask, before):
+        """One user's scores before and after each personalisation step: [steps + 1];
+        `before` is the server's, the first score where personalisation starts there."""
+        per_step = self.algorithm.personalise_batches
+        personal = self.algorithm.personal_model(self.ops, server, state)
+        scores = [before if personal is server else self._score(personal, x_test, y_test, mask)]
+        for step in range(self.cfg.personalise_steps):
+            batches = [(x[step * per_step + j], y[step * per_step + j]) for j in range(per_step)]
+            personal = self.algorithm.personalise(self.ops, personal, state, batches)
+            scores.append(self._score(personal, x_test, y_test, mask))
+        accs, losses = zip(*scores, strict=True)
+        return torch.stack(accs), torch.stack(losses)
+
+    def evaluate(
+        self, server: Params, users: list[int], round_: int, draws: int
+    ) -> list[Evaluation]:
         """Accuracy on the whole test shard of the server's model (`acc_before`), and of
         the method's personal model before and after each of `personalise_steps` steps of
         its personalisation (SGD of size alpha from the server's model for Per-FedAvg and
         FedAvg) on fresh batches from the user's own data, once per independent draw. A
-        user the method has no state for yet is personalised as a newcomer would be."""
-        shard = self.shards[user]
-        before = self._score(server, shard)
-        x, y = (
-            (shard.x_test, shard.y_test)
-            if self.cfg.adapt_on == "test"
-            else (shard.x_train, shard.y_train)
-        )
-        state = self._state(user, server, keep=False)
-        rows = []
+        user the method has no state for yet is personalised as a newcomer would be.
+
+        Users are scored in blocks under `vmap`, their test shards padded to the
+        block's longest; blocks gather users of similar test sizes, so a heavy-tailed
+        population (Synthetic's power law) pads little."""
+        order = sorted(users, key=lambda u: len(self.shards[u].y_test))
+        rows: dict[int, list[Evaluation]] = {}
+        block: list[int] = []
+        for u in order:
+            longest = len(self.shards[u].y_test)
+            if block and (len(block) + 1) * longest > EVAL_SAMPLES:
+                rows.update(self._evaluate_block(server, block, round_, draws))
+                block = []
+            block.append(u)
+        if block:
+            rows.update(self._evaluate_block(server, block, round_, draws))
+        return [row for u in users for row in rows[u]]
+
+    def _evaluate_block(
+        self, server: Params, users: list[int], round_: int, draws: int
+    ) -> dict[int, list[Evaluation]]:
+        shards = [self.shards[u] for u in users]
+        longest = max(len(s.y_test) for s in shards)
+        first = shards[0]
+        x_test = first.x_test.new_zeros(len(users), longest, *first.x_test.shape[1:])
+        y_test = first.y_test.new_zeros(len(users), longest)
+        mask = torch.zeros(len(users), longest, device=self.device)
+        for i, s in enumerate(shards):
+            x_test[i, : len(s.y_test)] = s.x_test
+            y_test[i, : len(s.y_test)] = s.y_test
+            mask[i, : len(s.y_test)] = 1.0
+        before = torch.func.vmap(self._score, in_dims=(None, 0, 0, 0))(server, x_test, y_test, mask)
+        on_test = self.cfg.adapt_on == "test"
+        sources = [(s.x_test, s.y_test) if on_test else (s.x_train, s.y_train) for s in shards]
+        states = stack([self._state(u, server, keep=False) for u in users])
+        batches = self.cfg.personalise_steps * self.algorithm.personalise_batches
+        state_axis = None if states is None else 0
+        curve = torch.func.vmap(self._curve, in_dims=(None, state_axis, 0, 0, 0, 0, 0, 0))
+        out: dict[int, list[Evaluation]] = {u: [] for u in users}
         for draw in range(draws):
-            per_step = self.algorithm.personalise_batches
-            indices = evaluation_indices(
-                self.cfg.seed,
-                user,
-                round_,
-                draw,
-                len(y),
-                self.cfg.batch_size,
-                self.cfg.personalise_steps * per_step,
-            )
-            personal = self.algorithm.personal_model(self.ops, server, state)
-            scores = [before if personal is server else self._score(personal, shard)]
-            for step in range(self.cfg.personalise_steps):
-                batches = [
-                    (gather(x, idx), gather(y, idx))
-                    for idx in indices[step * per_step : (step + 1) * per_step]
-                ]
-                personal = self.algorithm.personalise(self.ops, personal, state, batches)
-                scores.append(self._score(personal, shard))
-            accs, losses = (list(v) for v in zip(*scores, strict=True))
-            rows.append(
-                Evaluation(
-                    user,
-                    shard.group,
-                    draw,
-                    len(shard.y_train),
-                    len(shard.y_test),
-                    before[0],
-                    before[1],
-                    accs[-1],
-                    losses[-1],
-                    accs,
-                    losses,
+            idx = [
+                torch.stack(
+                    evaluation_indices(
+                        self.cfg.seed, u, round_, draw, len(y), self.cfg.batch_size, batches
+                    )
                 )
-            )
-        return rows
+                for u, (_, y) in zip(users, sources, strict=True)
+            ]
+            x = torch.stack([gather(x, i) for (x, _), i in zip(sources, idx, strict=True)])
+            y = torch.stack([gather(y, i) for (_, y), i in zip(sources, idx, strict=True)])
+            accs, losses = curve(server, states, x, y, x_test, y_test, mask, before)
+            for i, (u, s) in enumerate(zip(users, shards, strict=True)):
+                acc_steps, loss_steps = accs[i].tolist(), losses[i].tolist()
+                out[u].append(
+                    Evaluation(
+                        u,
+                        s.group,
+                        draw,
+                        len(s.y_train),
+                        len(s.y_test),
+                        float(before[0][i]),
+                        float(before[1][i]),
+                        acc_steps[-1],
+                        loss_steps[-1],
+                        acc_steps,
+                        loss_steps,
+                    )
+                )
+        return out

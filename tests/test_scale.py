@@ -46,7 +46,7 @@ def test_spread_covers_every_user_once_in_near_equal_blocks():
     blocks = spread(10, 3)
     assert sorted(u for b in blocks for u in b) == list(range(10))
     assert {len(b) for b in blocks} <= {3, 4}
-    assert spread(2, 5) == [[0], [1]]
+    assert spread(2, 5) == [range(0, 1), range(1, 2)]
 
 
 def test_synthetic_users_are_a_function_of_seed_and_id():

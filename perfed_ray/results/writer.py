@@ -201,9 +201,14 @@ class RunWriter:
         return self.out / table / f"run_id={self.run_id}"
 
     def _table(self, name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])  # run_id: the folder
-        full = [{**self.config, **row} for row in rows]
-        return pa.Table.from_pylist(full, schema=schema)
+        """The rows with the run's configuration in front, each value one repeated
+        column (not copied into every row: a million users' evaluation stays arrays)."""
+        own = pa.Table.from_pylist(list(rows), schema=TABLES[name])  # run_id: the folder
+        config = [
+            pa.repeat(pa.scalar(self.config[f.name], f.type), own.num_rows) for f in CONFIG_SCHEMA
+        ]
+        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])
+        return pa.Table.from_arrays([*config, *own.columns], schema=schema)
 
     def _write(self, table: pa.Table, path: Path) -> None:
         self.writes += 1

@@ -132,9 +132,7 @@ class UserActor:
         """The given hosted users' personalised scores for the global weights."""
         params = self.flat.unflatten(weights, self.device)
         return [
-            dataclasses.asdict(row)
-            for user in users
-            for row in self.learner.evaluate(params, user, round_, draws)
+            dataclasses.asdict(row) for row in self.learner.evaluate(params, users, round_, draws)
         ]
 
     def user_states(self) -> dict[int, np.ndarray]:

@@ -42,7 +42,7 @@ class RunRecord:
 
     run_id: str
     config: dict[str, Any]
-    blocks: list[list[int]]
+    blocks: list[range]
     started_at: str  # ISO 8601, UTC
     command: str
     resumes: int = 0
@@ -76,6 +76,16 @@ class Checkpoint:
         return {u: self.states[u] for u in users if u in self.states}
 
 
+def _block(saved: dict[str, int] | list[int]) -> range:
+    """A block as run.json keeps it, {start, stop}; records written before blocks were
+    ranges list every user of a block, and their blocks are contiguous too."""
+    if isinstance(saved, dict):
+        return range(saved["start"], saved["stop"])
+    if saved != list(range(saved[0], saved[0] + len(saved))):
+        raise ValueError("a block of users is not contiguous")
+    return range(saved[0], saved[0] + len(saved))
+
+
 class RunStore:
     """Reads and writes one run's record and checkpoint."""
 
@@ -84,13 +94,16 @@ class RunStore:
 
     def save_record(self, record: RunRecord) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(asdict(record), indent=1)
+        blocks = [{"start": b.start, "stop": b.stop} for b in record.blocks]
+        fields = asdict(record) | {"blocks": blocks}
+        text = json.dumps(fields, indent=1)
         write_atomically(self.folder / "run.json", lambda tmp: tmp.write_text(text))
 
     def load_record(self) -> RunRecord:
         path = self.folder / "run.json"
         try:
-            return RunRecord(**json.loads(path.read_text()))
+            fields = json.loads(path.read_text())
+            return RunRecord(**fields | {"blocks": [_block(b) for b in fields["blocks"]]})
         except FileNotFoundError:
             raise ConfigError(
                 f"{path} does not exist: {self.folder} is not the folder of "

@@ -20,6 +20,7 @@ from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
+from perfed_ray.runtime.placement import host_finder
 from perfed_ray.runtime.pool import ActorPool
 from perfed_ray.server import Server
 from perfed_ray.strategy import Strategy
@@ -71,7 +72,7 @@ class Coordinator:
         self.pool = pool
         self.strategy = strategy
         self.server = server
-        self.host_of = {u: a for a, block in enumerate(pool.blocks) for u in block}
+        self.host_of = host_finder(pool.blocks)
         self.writer = writer
         self.store = store
         self.on_progress = on_progress
@@ -85,7 +86,7 @@ class Coordinator:
     def _by_actor(self, users: list[int]) -> dict[int, list[int]]:
         by_actor: dict[int, list[int]] = {}
         for u in users:
-            by_actor.setdefault(self.host_of[u], []).append(u)
+            by_actor.setdefault(self.host_of(u), []).append(u)
         return by_actor
 
     def run_round(self, round_: int) -> dict:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perfed_ray.config import RunConfig
@@ -10,27 +12,29 @@ from perfed_ray.config import RunConfig
 
 @dataclass(frozen=True)
 class Placement:
-    """Users split into contiguous blocks, one block per actor, and the actors' resources."""
+    """Users split into contiguous blocks (ranges: a million users are two numbers per
+    actor, not a million objects), one block per actor, and the actors' resources."""
 
-    blocks: list[list[int]]
+    blocks: list[range]
     num_cpus: float
     num_gpus: float
 
-    @property
-    def host_of(self) -> dict[int, int]:
-        """user -> index of the actor that hosts it."""
-        return {u: a for a, block in enumerate(self.blocks) for u in block}
+
+def host_finder(blocks: Sequence[range]):
+    """user -> index of the actor hosting it, by bisection over the blocks' starts."""
+    starts = [block.start for block in blocks]
+    return lambda user: bisect.bisect_right(starts, user) - 1
 
 
 def _fits(available: float, each: float) -> int:
     return max(1, math.floor(available / each + 1e-9))
 
 
-def spread(n_users: int, n_actors: int) -> list[list[int]]:
+def spread(n_users: int, n_actors: int) -> list[range]:
     """Users 0..n-1 in n_actors contiguous blocks whose sizes differ by at most one."""
     n_actors = min(n_actors, n_users)
     bounds = [round(i * n_users / n_actors) for i in range(n_actors + 1)]
-    return [list(range(bounds[i], bounds[i + 1])) for i in range(n_actors)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(n_actors)]
 
 
 Nodes = list[dict[str, float]]  # each alive node's resources, as ray.nodes() lists them
@@ -67,11 +71,11 @@ def plan(cfg: RunConfig, nodes: Nodes) -> Placement:
         blocks = spread(cfg.n_users, n)
     else:
         k = cfg.users_per_actor
-        blocks = [list(range(s, min(s + k, cfg.n_users))) for s in range(0, cfg.n_users, k)]
+        blocks = [range(s, min(s + k, cfg.n_users)) for s in range(0, cfg.n_users, k)]
     return with_resources(cfg, nodes, blocks)
 
 
-def with_resources(cfg: RunConfig, nodes: Nodes, blocks: list[list[int]]) -> Placement:
+def with_resources(cfg: RunConfig, nodes: Nodes, blocks: list[range]) -> Placement:
     """The actors' requests for given blocks (also those of a resumed run, whose blocks
     are kept but whose cluster may have changed)."""
     n = len(blocks)
