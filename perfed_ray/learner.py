@@ -7,6 +7,7 @@ about Ray, so the same object runs inside an actor, in a test, or in a plain loo
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from perfed_ray.engines.base import stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams
 from perfed_ray.registry import ALGORITHMS
+from perfed_ray.states import StateStore
 
 
 @dataclass(frozen=True)
@@ -48,16 +50,18 @@ EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a bloc
 class Learner:
     """Local training and evaluation of the users whose shards it holds.
 
-    `states` holds each user's per-user state (for methods that keep one), created
-    the first time the user needs it and kept until the run ends; it is what a
-    checkpoint saves (:meth:`state_vectors`) and a resumed run starts from."""
+    Each user's per-user state (for methods that keep one) is the method's initial
+    one until the user first trains, then what its last round left, kept in a
+    :class:`~perfed_ray.states.StateStore` on local disk; a checkpoint saves them
+    (:meth:`state_vectors`) and a resumed run starts from them (`states`)."""
 
     def __init__(
         self,
         cfg: RunConfig,
         model: nn.Module,
-        shards: dict[int, Shard],
+        shards: Mapping[int, Shard],
         states: dict[int, np.ndarray] | None = None,
+        users: range | Sequence[int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.model = model
@@ -66,24 +70,19 @@ class Learner:
         self.engine = make_engine(cfg.engine, self.algorithm, model, bool(cfg.compile))
         self.ops = FunctionalOps(model)
         self.device = next(model.parameters()).device
-        self.states: dict[int, Params] = {}
+        self.store = StateStore(sorted(shards) if users is None else users)
+        for user, vector in (states or {}).items():
+            self.store.put(user, vector)
         self.state_layout: FlatParams | None = None
-        self.saved_states = states or {}
 
-    def _state(self, user: int, server: Params, keep: bool = True) -> Params | None:
-        """The user's state: kept, restored from a checkpoint, or the method's initial
-        one (kept from the user's first round on; evaluation only looks at it)."""
-        if user in self.states:
-            return self.states[user]
+    def _state(self, user: int, server: Params) -> Params | None:
+        """The user's state: stored, or the method's initial one from this server."""
         initial = self.algorithm.init_user_state(server)
         if initial is None:
             return None
         self.state_layout = self.state_layout or FlatParams(initial)
-        saved = self.saved_states.pop(user, None) if keep else self.saved_states.get(user)
-        state = initial if saved is None else self.state_layout.unflatten(saved, self.device)
-        if keep:
-            self.states[user] = state
-        return state
+        saved = self.store.get(user)
+        return initial if saved is None else self.state_layout.unflatten(saved, self.device)
 
     def _indices(self, user: int, round_: int) -> torch.Tensor:
         algorithm = self.algorithm
@@ -124,7 +123,8 @@ class Learner:
         states = stack([self._state(u, server) for u in users])
         models, losses, new_states = self.engine.run(server, x, y, states)
         if new_states is not None:
-            self.states.update(zip(users, unstack(new_states, len(users)), strict=True))
+            for user, state in zip(users, unstack(new_states, len(users)), strict=True):
+                self.store.put(user, self.state_layout.flatten(state))
         return models, losses
 
     def n_train(self, user: int) -> int:
@@ -133,8 +133,7 @@ class Learner:
     def state_vectors(self) -> dict[int, np.ndarray]:
         """Every hosted user's state as a flat vector (restored ones not yet used
         included), for a checkpoint."""
-        kept = {u: self.state_layout.flatten(s) for u, s in self.states.items()}
-        return {**self.saved_states, **kept}
+        return dict(self.store.items())
 
     def _score(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
@@ -201,7 +200,7 @@ class Learner:
         before = torch.func.vmap(self._score, in_dims=(None, 0, 0, 0))(server, x_test, y_test, mask)
         on_test = self.cfg.adapt_on == "test"
         sources = [(s.x_test, s.y_test) if on_test else (s.x_train, s.y_train) for s in shards]
-        states = stack([self._state(u, server, keep=False) for u in users])
+        states = stack([self._state(u, server) for u in users])
         batches = self.cfg.personalise_steps * self.algorithm.personalise_batches
         state_axis = None if states is None else 0
         curve = torch.func.vmap(self._curve, in_dims=(None, state_axis, 0, 0, 0, 0, 0, 0))

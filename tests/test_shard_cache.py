@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import TINY
@@ -63,3 +64,19 @@ def test_results_do_not_depend_on_the_shard_budget(ray_session, tmp_path, values
         left = kept[table].drop(columns=drop, errors="ignore")
         right = tiny[table].drop(columns=drop, errors="ignore")
         assert left.equals(right), table
+
+
+def test_the_state_store_keeps_each_users_row_on_disk():
+    from perfed_ray.states import StateStore
+
+    store = StateStore(range(100, 110))
+    assert store.get(103) is None and len(store) == 0
+    store.put(103, np.arange(4, dtype=np.float32))
+    store.put(101, np.ones(4, dtype=np.float32))
+    store.put(103, np.full(4, 2.5, dtype=np.float32))
+    assert np.array_equal(store.get(103), np.full(4, 2.5, dtype=np.float32))
+    assert [u for u, _ in store.items()] == [101, 103]
+    assert isinstance(store.array, np.memmap) and store.array.shape == (10, 4)
+    listed = StateStore([7, 3, 9])  # blocks that are not ranges
+    listed.put(9, np.zeros(2, dtype=np.float32))
+    assert [u for u, _ in listed.items()] == [9]

@@ -81,7 +81,7 @@ class UserActor:
         self.flat = FlatParams(params_of(model))
         budget = None if cfg.shard_cache_mb is None else int(cfg.shard_cache_mb * 2**20)
         shards = ShardCache(source, users, self.device, data, budget)
-        self.learner = Learner(cfg, model, shards, states)
+        self.learner = Learner(cfg, model, shards, states, users)
         self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 
     def describe(self) -> dict[str, object]:
