@@ -169,7 +169,7 @@ class RunConfig:
         word="all",
     )
     shard_cache_mb: float | None = _opt(
-        None,
+        512.0,
         "megabytes of users' shards an actor keeps made (most recently used first); "
         "others are made again from their indices or seed when next needed. all: keep "
         "every shard once made. Results do not depend on it",

@@ -8,9 +8,9 @@ about Ray, so the same object runs inside an actor, in a test, or in a plain loo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import nn
 
@@ -25,24 +25,6 @@ from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams
 from perfed_ray.registry import ALGORITHMS
 from perfed_ray.states import StateStore
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One user's scores at one evaluation and adaptation draw (PROTOCOL.md, Evaluation)."""
-
-    user: int
-    group: str
-    draw: int
-    n_train: int
-    n_test: int
-    acc_before: float
-    loss_before: float
-    acc_after: float
-    loss_after: float
-    acc_steps: list[float]  # after 0, 1, ..., personalise_steps steps
-    loss_steps: list[float]
-
 
 EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a block of users
 
@@ -159,9 +141,7 @@ class Learner:
         accs, losses = zip(*scores, strict=True)
         return torch.stack(accs), torch.stack(losses)
 
-    def evaluate(
-        self, server: Params, users: list[int], round_: int, draws: int
-    ) -> list[Evaluation]:
+    def evaluate(self, server: Params, users: list[int], round_: int, draws: int) -> pa.Table:
         """Accuracy on the whole test shard of the server's model (`acc_before`), and of
         the method's personal model before and after each of `personalise_steps` steps of
         its personalisation (SGD of size alpha from the server's model for Per-FedAvg and
@@ -170,23 +150,32 @@ class Learner:
 
         Users are scored in blocks under `vmap`, their test shards padded to the
         block's longest; blocks gather users of similar test sizes, so a heavy-tailed
-        population (Synthetic's power law) pads little."""
+        population (Synthetic's power law) pads little. The scores come as columns, one
+        row per user and draw in (user, draw) order: a million users' evaluation stays
+        a few arrays, never a million objects."""
         order = sorted(users, key=lambda u: len(self.shards[u].y_test))
-        rows: dict[int, list[Evaluation]] = {}
+        parts: list[dict[str, np.ndarray]] = []
         block: list[int] = []
         for u in order:
             longest = len(self.shards[u].y_test)
             if block and (len(block) + 1) * longest > EVAL_SAMPLES:
-                rows.update(self._evaluate_block(server, block, round_, draws))
+                parts += self._evaluate_block(server, block, round_, draws)
                 block = []
             block.append(u)
         if block:
-            rows.update(self._evaluate_block(server, block, round_, draws))
-        return [row for u in users for row in rows[u]]
+            parts += self._evaluate_block(server, block, round_, draws)
+        columns = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.lexsort((columns["draw"], columns["user"]))
+        columns = {k: v[order] for k, v in columns.items()}
+        for curve in ("acc_steps", "loss_steps"):
+            steps = columns[curve]
+            offsets = np.arange(0, steps.size + 1, steps.shape[1], dtype=np.int32)
+            columns[curve] = pa.ListArray.from_arrays(offsets, steps.reshape(-1))
+        return pa.table(columns)
 
     def _evaluate_block(
         self, server: Params, users: list[int], round_: int, draws: int
-    ) -> dict[int, list[Evaluation]]:
+    ) -> list[dict[str, np.ndarray]]:
         shards = [self.shards[u] for u in users]
         longest = max(len(s.y_test) for s in shards)
         first = shards[0]
@@ -204,7 +193,15 @@ class Learner:
         batches = self.cfg.personalise_steps * self.algorithm.personalise_batches
         state_axis = None if states is None else 0
         curve = torch.func.vmap(self._curve, in_dims=(None, state_axis, 0, 0, 0, 0, 0, 0))
-        out: dict[int, list[Evaluation]] = {u: [] for u in users}
+        fixed = {
+            "user": np.array(users, dtype=np.int64),
+            "group": np.array([s.group for s in shards], dtype=object),
+            "n_train": np.array([len(s.y_train) for s in shards], dtype=np.int64),
+            "n_test": np.array([len(s.y_test) for s in shards], dtype=np.int64),
+            "acc_before": before[0].double().cpu().numpy(),
+            "loss_before": before[1].double().cpu().numpy(),
+        }
+        parts = []
         for draw in range(draws):
             idx = [
                 torch.stack(
@@ -217,21 +214,15 @@ class Learner:
             x = torch.stack([gather(x, i) for (x, _), i in zip(sources, idx, strict=True)])
             y = torch.stack([gather(y, i) for (_, y), i in zip(sources, idx, strict=True)])
             accs, losses = curve(server, states, x, y, x_test, y_test, mask, before)
-            for i, (u, s) in enumerate(zip(users, shards, strict=True)):
-                acc_steps, loss_steps = accs[i].tolist(), losses[i].tolist()
-                out[u].append(
-                    Evaluation(
-                        u,
-                        s.group,
-                        draw,
-                        len(s.y_train),
-                        len(s.y_test),
-                        float(before[0][i]),
-                        float(before[1][i]),
-                        acc_steps[-1],
-                        loss_steps[-1],
-                        acc_steps,
-                        loss_steps,
-                    )
-                )
-        return out
+            accs, losses = accs.double().cpu().numpy(), losses.double().cpu().numpy()
+            parts.append(
+                {
+                    **fixed,
+                    "draw": np.full(len(users), draw, dtype=np.int64),
+                    "acc_after": accs[:, -1],
+                    "loss_after": losses[:, -1],
+                    "acc_steps": accs,
+                    "loss_steps": losses,
+                }
+            )
+        return parts

@@ -55,7 +55,7 @@ def test_the_cache_keeps_the_most_recent_shards_within_its_budget():
 def test_results_do_not_depend_on_the_shard_budget(ray_session, tmp_path, values):
     """All shards kept, against a budget smaller than one user's shard (every use
     makes the shard again), with per-user state kept beside them."""
-    perfed_ray.simulate(values, tmp_path / "all")
+    perfed_ray.simulate({**values, "shard_cache_mb": "all"}, tmp_path / "all")
     perfed_ray.simulate({**values, "shard_cache_mb": 1e-6}, tmp_path / "tiny")
     kept, tiny = outcome(tmp_path / "all"), outcome(tmp_path / "tiny")
     for table in ("rounds", "evals"):

@@ -1,13 +1,18 @@
-"""How the simulator's cost grows with the number of users: Synthetic(1, 1).
+"""How the simulator's cost grows with the number of users, as the field benchmarks it.
 
-    python experiments/bench/scale.py [--users 100 1000 10000] [--rounds 10]
+    python experiments/bench/scale.py [--users 100 10000 100000 1000000] [--rounds 10]
     python experiments/bench/scale.py --smoke --out /tmp/bench   # CI: seconds
 
-For each n: 100 users per round (fraction = 100 / n), Per-FedAvg (HF), MLP,
-batch 40, tau = 10, the default placement (one actor per core here) and engine
-(fused); evaluation only at round 0 and at the end. Records start-up time
-(run start until every actor holds its users), seconds per round (median),
-and peak resident memory of the driver and of all actors together. Writes
+For each n: Synthetic(1, 1) with 100 users per round (fraction = 100 / n),
+Per-FedAvg (HF), the MLP, batch 40, tau = 10, the default placement (one actor per
+core here), engine (fused) and shard cache (all kept); then MNIST split by
+`dirichlet` (0.5) while its users still hold a batch each. Intermediate evaluations
+(rounds 0 and rounds / 2) score `eval_users: 100` users; the final one scores
+everyone once (`final_eval_draws: 1`). Records start-up (run start until every actor
+is ready), seconds per round (median of the rounds table, evaluation excluded), the
+time of the sampled evaluation at rounds / 2 and of the full one at the end (the
+round's interval between progress reports minus its own rounds-table time), and
+peak resident memory of the driver and of all actors together. Writes
 OUT/scale.parquet (default experiments/bench/results) and, for the default OUT,
 refreshes BENCHMARKS.md.
 """
@@ -22,58 +27,75 @@ from pathlib import Path
 from common import RESULTS, save
 from report import write_report
 
+import perfed_ray
 from perfed_ray.analysis import read_table
-from perfed_ray.config import from_mapping
-from perfed_ray.runtime import simulation
+from perfed_ray.errors import DataError
+
+MNIST_USERS = (100, 1000)
+
+
+def measure(values: dict, rounds: int) -> dict:
+    """One run of `values`: its scale figures."""
+    marks: dict[int, float] = {}
+    clock = time.perf_counter()
+    with tempfile.TemporaryDirectory() as out:
+        perfed_ray.simulate(
+            {
+                **values,
+                "algorithm": "perfedavg-hf",
+                "rounds": rounds,
+                "eval_every": max(1, rounds // 2),
+                "eval_users": 100,
+                "final_eval_draws": 1,
+                "alpha": 0.01,
+                "beta": 0.01,
+            },
+            out,
+            progress=lambda p: marks.__setitem__(p.round, time.perf_counter()),
+        )
+        wall = time.perf_counter() - clock
+        table, run = read_table(out, "rounds").set_index("round"), read_table(out, "runs").iloc[0]
+
+    def evaluation(round_: int) -> float:
+        return marks[round_] - marks[round_ - 1] - table.loc[round_, "wall_seconds"]
+
+    return {
+        "n_users": values["n_users"],
+        "users_per_round": 100,
+        "rounds": rounds,
+        "n_actors": int(run["n_actors"]),
+        "startup_seconds": float(run["startup_seconds"]),
+        "seconds_per_round": float(table["wall_seconds"].median()),
+        "sampled_eval_seconds": evaluation(max(1, rounds // 2)) if rounds >= 4 else None,
+        "full_eval_seconds": evaluation(rounds),
+        "driver_peak_gb": run["driver_peak_memory_bytes"] / 2**30,
+        "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
+        "wall_seconds": wall,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, nargs="+", default=[100, 1000, 10_000])
+    parser.add_argument("--users", type=int, nargs="+", default=[100, 10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--algorithm", default="perfedavg-hf")
     parser.add_argument("--smoke", action="store_true", help="100 users, 2 rounds")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    mnist = MNIST_USERS
     if args.smoke:
-        args.users, args.rounds = [100], 2
+        args.users, args.rounds, mnist = [100], 2, ()
     rows = []
     for n in args.users:
-        cfg = from_mapping(
-            {
-                "dataset": "synthetic",
-                "partition": "natural",
-                "n_users": n,
-                "fraction": 100 / n,
-                "algorithm": args.algorithm,
-                "rounds": args.rounds,
-                "eval_every": 10**6,
-                "alpha": 0.01,
-                "beta": 0.01,
-                "final_eval_draws": 1,
-                "users_per_actor": "auto",
-            }
-        )
-        with tempfile.TemporaryDirectory() as out:
-            clock = time.perf_counter()
-            simulation.run(simulation.prepare(cfg), out)
-            wall = time.perf_counter() - clock
-            rounds, runs = read_table(out, "rounds"), read_table(out, "runs")
-        run = runs.iloc[0]
-        rows.append(
-            {
-                "n_users": n,
-                "users_per_round": cfg.users_per_round,
-                "algorithm": args.algorithm,
-                "rounds": args.rounds,
-                "n_actors": int(run["n_actors"]),
-                "startup_seconds": float(run["startup_seconds"]),
-                "seconds_per_round": float(rounds["wall_seconds"].median()),
-                "driver_peak_gb": run["driver_peak_memory_bytes"] / 2**30,
-                "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
-                "wall_seconds": wall,
-            }
-        )
+        generated = {"dataset": "synthetic", "partition": "natural", "fraction": 100 / n}
+        rows.append({"dataset": "synthetic", **measure({**generated, "n_users": n}, args.rounds)})
+        print(rows[-1], flush=True)
+    for n in mnist:
+        split = {"dataset": "mnist", "partition": "dirichlet", "fraction": 100 / n, "n_users": n}
+        try:
+            rows.append({"dataset": "mnist", **measure(split, args.rounds)})
+        except DataError as err:  # its users no longer hold a batch each
+            print(f"mnist, {n} users: {err}")
+            continue
         print(rows[-1], flush=True)
     save(rows, "scale", args.out)
     if args.out == RESULTS:

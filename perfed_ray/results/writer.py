@@ -160,7 +160,7 @@ class RunWriter:
         self.out = Path(out)
         self.run_id = run_id
         self.config = cfg.to_dict()
-        self.buffers: dict[str, list[dict[str, Any]]] = {name: [] for name in APPENDED}
+        self.buffers: dict[str, list[pa.Table]] = {name: [] for name in APPENDED}
         # What each table's file holds, kept so that a flush appends without reading it back.
         self.written: dict[str, pa.Table | None] = dict.fromkeys(APPENDED)
         self.writes = 0
@@ -200,10 +200,11 @@ class RunWriter:
     def folder(self, table: str) -> Path:
         return self.out / table / f"run_id={self.run_id}"
 
-    def _table(self, name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-        """The rows with the run's configuration in front, each value one repeated
-        column (not copied into every row: a million users' evaluation stays arrays)."""
-        own = pa.Table.from_pylist(list(rows), schema=TABLES[name])  # run_id: the folder
+    def _table(self, name: str, rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
+        """The rows (dicts, or a table of the table's own columns) with the run's
+        configuration in front, each value one repeated column (not copied into every
+        row: a million users' evaluation stays arrays)."""
+        own = self._own(name, rows)  # run_id: the folder
         config = [
             pa.repeat(pa.scalar(self.config[f.name], f.type), own.num_rows) for f in CONFIG_SCHEMA
         ]
@@ -222,8 +223,14 @@ class RunWriter:
         """(Re)write the run's single row: at the start, and with its final status."""
         self._write(self._table("runs", [row]), self.folder("runs") / self.FILE)
 
-    def add(self, table: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        self.buffers[table].extend(rows)
+    @staticmethod
+    def _own(name: str, rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
+        if isinstance(rows, pa.Table):
+            return rows.select(TABLES[name].names).cast(TABLES[name])
+        return pa.Table.from_pylist(list(rows), schema=TABLES[name])
+
+    def add(self, table: str, rows: Iterable[Mapping[str, Any]] | pa.Table) -> None:
+        self.buffers[table].append(self._own(table, rows))
 
     def flush(self) -> None:
         """Append the buffered rows to each table's file, rewritten whole from the rows
@@ -231,7 +238,7 @@ class RunWriter:
         flushes)."""
         for name, rows in self.buffers.items():
             if rows:
-                held, new = self.written[name], self._table(name, rows)
+                held, new = self.written[name], self._table(name, pa.concat_tables(rows))
                 table = new if held is None else pa.concat_tables([held, new])
                 self._write(table, self.folder(name) / self.FILE)
                 self.written[name] = table

@@ -7,11 +7,11 @@ actor's boundary; the maths is the :class:`~perfed_ray.learner.Learner`'s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import ray
 import torch
 
@@ -126,14 +126,10 @@ class UserActor:
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
         return UpdateSum(total, float(sum(weights_)), len(users), float(losses.double().sum()), per)
 
-    def evaluate(
-        self, weights: np.ndarray, users: list[int], round_: int, draws: int
-    ) -> list[dict]:
-        """The given hosted users' personalised scores for the global weights."""
+    def evaluate(self, weights: np.ndarray, users: list[int], round_: int, draws: int) -> pa.Table:
+        """The given hosted users' personalised scores for the global weights, as columns."""
         params = self.flat.unflatten(weights, self.device)
-        return [
-            dataclasses.asdict(row) for row in self.learner.evaluate(params, users, round_, draws)
-        ]
+        return self.learner.evaluate(params, users, round_, draws)
 
     def user_states(self) -> dict[int, np.ndarray]:
         """The hosted users' per-user states (empty for methods that keep none)."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import ray
 
 from perfed_ray import faults
@@ -137,9 +138,9 @@ class Coordinator:
             "bytes_received": received,
         }
 
-    def evaluate(self, round_: int, final: bool) -> list[dict]:
+    def evaluate(self, round_: int, final: bool) -> pa.Table:
         """The strategy's users' personalised scores, each computed on the actor that
-        hosts the user."""
+        hosts the user, as the columns of the evals table."""
         draws = self.cfg.final_eval_draws if final else 1
         ref = ray.put(self.weights)
         users = self._by_actor(self.strategy.evaluated(round_, final))
@@ -148,12 +149,14 @@ class Coordinator:
         )
         faults.crash_at("driver-eval", round_)
         scores = dict(batches)
-        rows = [row for a in sorted(scores) for row in scores[a]]
-        unseen = set(self.strategy.unseen())
-        for row in rows:
-            row.update(round=round_, final=final, unseen=row["user"] in unseen)
-        self.last_accuracy = (round_, float(np.mean([r["acc_after"] for r in rows])))
-        return rows
+        table = pa.concat_tables([scores[a] for a in sorted(scores)])
+        n = table.num_rows
+        unseen = np.isin(table["user"].to_numpy(), np.asarray(self.strategy.unseen()))
+        table = table.append_column("round", pa.repeat(pa.scalar(round_, pa.int64()), n))
+        table = table.append_column("final", pa.repeat(pa.scalar(final), n))
+        table = table.append_column("unseen", pa.array(unseen))
+        self.last_accuracy = (round_, float(np.mean(table["acc_after"].to_numpy())))
+        return table
 
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them: the
