@@ -191,7 +191,7 @@ def test_resume_refuses_a_run_whose_driver_is_still_alive(tmp_path):
             RunRecord(
                 "r1",
                 from_mapping({"dataset": "gaussian"}).to_dict(),
-                [[0]],
+                [range(0, 1)],
                 "2026-01-01T00:00:00+00:00",
                 "perfed-ray run",
                 driver=f"{socket.gethostname()}:{driver.pid}",
