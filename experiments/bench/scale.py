@@ -4,15 +4,18 @@
     python experiments/bench/scale.py --smoke --out /tmp/bench   # CI: seconds
 
 For each n: Synthetic(1, 1) with 100 users per round (fraction = 100 / n),
-Per-FedAvg (HF), the MLP, batch 40, tau = 10, the default placement (one actor per
-core here), engine (fused) and shard cache (all kept); then MNIST split by
-`dirichlet` (0.5) while its users still hold a batch each. Intermediate evaluations
-(rounds 0 and rounds / 2) score `eval_users: 100` users; the final one scores
-everyone once (`final_eval_draws: 1`). Records start-up (run start until every actor
-is ready), seconds per round (median of the rounds table, evaluation excluded), the
-time of the sampled evaluation at rounds / 2 and of the full one at the end (the
-round's interval between progress reports minus its own rounds-table time), and
-peak resident memory of the driver and of all actors together. Writes
+Per-FedAvg (HF), the MLP, batch 40, tau = 10, the default placement (one actor per core
+here), engine (fused) and `shard_cache_mb: 64` per actor (sized as the README says:
+a round's users of an actor, with room to spare); then MNIST split by `dirichlet`
+(0.5) while its users still hold a batch each. Intermediate evaluations (rounds 0
+and rounds / 2) score `eval_users: 100` users; the final one scores everyone once
+(`final_eval_draws: 1`) up to `--full-eval-max` users, a sample of 100 above
+(`sample_final_eval`: a full evaluation of a million users takes tens of minutes on
+2 cores, which the table at smaller n shows). Records start-up (run start until
+every actor is ready), seconds per round (median of the rounds table, evaluation
+excluded), the time of the sampled evaluation at rounds / 2 and of the full one at
+the end (the round's interval between progress reports minus its own rounds-table
+time), and peak resident memory of the driver and of all actors together. Writes
 OUT/scale.parquet (default experiments/bench/results) and, for the default OUT,
 refreshes BENCHMARKS.md.
 """
@@ -32,9 +35,10 @@ from perfed_ray.analysis import read_table
 from perfed_ray.errors import DataError
 
 MNIST_USERS = (100, 1000)
+SHARD_CACHE_MB = 64
 
 
-def measure(values: dict, rounds: int) -> dict:
+def measure(values: dict, rounds: int, full_eval: bool) -> dict:
     """One run of `values`: its scale figures."""
     marks: dict[int, float] = {}
     clock = time.perf_counter()
@@ -47,6 +51,8 @@ def measure(values: dict, rounds: int) -> dict:
                 "eval_every": max(1, rounds // 2),
                 "eval_users": 100,
                 "final_eval_draws": 1,
+                "sample_final_eval": not full_eval,
+                "shard_cache_mb": SHARD_CACHE_MB,
                 "alpha": 0.01,
                 "beta": 0.01,
             },
@@ -67,7 +73,7 @@ def measure(values: dict, rounds: int) -> dict:
         "startup_seconds": float(run["startup_seconds"]),
         "seconds_per_round": float(table["wall_seconds"].median()),
         "sampled_eval_seconds": evaluation(max(1, rounds // 2)) if rounds >= 4 else None,
-        "full_eval_seconds": evaluation(rounds),
+        "full_eval_seconds": evaluation(rounds) if full_eval else None,
         "driver_peak_gb": run["driver_peak_memory_bytes"] / 2**30,
         "actors_peak_gb": run["actors_peak_memory_bytes"] / 2**30,
         "wall_seconds": wall,
@@ -78,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=[100, 10_000, 100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--full-eval-max", type=int, default=100_000)
     parser.add_argument("--smoke", action="store_true", help="100 users, 2 rounds")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -87,12 +94,14 @@ def main() -> None:
     rows = []
     for n in args.users:
         generated = {"dataset": "synthetic", "partition": "natural", "fraction": 100 / n}
-        rows.append({"dataset": "synthetic", **measure({**generated, "n_users": n}, args.rounds)})
+        values = {**generated, "n_users": n}
+        full = n <= args.full_eval_max
+        rows.append({"dataset": "synthetic", **measure(values, args.rounds, full)})
         print(rows[-1], flush=True)
     for n in mnist:
         split = {"dataset": "mnist", "partition": "dirichlet", "fraction": 100 / n, "n_users": n}
         try:
-            rows.append({"dataset": "mnist", **measure(split, args.rounds)})
+            rows.append({"dataset": "mnist", **measure(split, args.rounds, True)})
         except DataError as err:  # its users no longer hold a batch each
             print(f"mnist, {n} users: {err}")
             continue
