@@ -34,6 +34,7 @@ from perfed_ray.results.writer import write_atomically
 
 FOLDER = "checkpoints"
 _RUN_ID = re.compile(r"run_id=(.+)")
+SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 
 
 @dataclass(frozen=True)
