@@ -26,6 +26,7 @@ class Stream(enum.IntEnum):
     PARTICIPATION = 6
     EVALUATED_USERS = 7
     UNSEEN_USERS = 8
+    VALIDATION = 9
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

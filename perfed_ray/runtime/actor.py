@@ -18,6 +18,7 @@ import torch
 from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
+from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.registry import STRATEGIES
@@ -78,7 +79,10 @@ class UserActor:
         self.device = torch.device("cuda" if use_gpu else "cpu")
         model = build_model(cfg.model, source.input_shape, source.n_classes).to(self.device)
         self.flat = FlatParams(params_of(model))
-        self.learner = Learner(cfg, model, source.shards(users, self.device, data), states)
+        shards = source.shards(users, self.device, data)
+        if cfg.validation:
+            shards = {u: hold_out(shard, cfg.validation, cfg.seed) for u, shard in shards.items()}
+        self.learner = Learner(cfg, model, shards, states)
         self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 
     def describe(self) -> dict[str, object]:
