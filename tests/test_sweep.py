@@ -300,11 +300,12 @@ def test_a_sweep_stopped_by_sigterm_then_killed_resumes_to_the_same_tables(
 
 def test_early_stopping_marks_runs_stopped_and_search_picks_on_validation(ray_session, tmp_path):
     # One trial at a time (each reserves both CPUs), so the first, whose step size
-    # learns, sets the bar the second, whose step size barely moves, is stopped by.
+    # learns, sets the bar the second, whose step size barely moves, is stopped by;
+    # the third's diverges in round 2: an outcome, not a failure of the sweep.
     doc = {
         "name": "search",
         "config": {**TRIAL, "algorithm": "fedavg", "validation": 0.25, "rounds": 40},
-        "grid": {"beta": [0.3, 0.00001]},
+        "grid": {"beta": [0.3, 0.00001, 1e6]},
         "resources": {"driver_cpus": 1, "cpus": 1},
         "early_stopping": {"grace_rounds": 20, "reduction_factor": 2},
         "search": {"per": ["algorithm"]},
@@ -317,9 +318,14 @@ def test_early_stopping_marks_runs_stopped_and_search_picks_on_validation(ray_se
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
     runs = read_runs(out).sort_values("run_id")
-    assert runs[["status", "rounds_done"]].values.tolist() == [["finished", 40], ["stopped", 20]]
+    assert runs[["status", "rounds_done"]].values.tolist() == [
+        ["finished", 40],
+        ["stopped", 20],
+        ["diverged", 1],
+    ]
     assert runs["error"].iloc[1].startswith("Stopped: stopped by the sweep's scheduler")
     assert "end   search-0001: stopped after round 20" in stderr
+    assert "end   search-0002: diverged after round 1" in stderr
     evals = read_table(out, "evals")  # a quarter of each user's training samples scored
     assert (evals["n_test"] == ((evals["n_train"] + evals["n_test"]) / 4).round()).all()
     best = yaml.safe_load((out / SWEEPS / "search" / "best.yaml").read_text())

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -39,16 +40,12 @@ from ray import tune
 from perfed_ray.api import check_out
 from perfed_ray.errors import ConfigError, InputError
 from perfed_ray.results.writer import write_atomically
-from perfed_ray.sweep import SWEEPS
+from perfed_ray.sweep import ENDED, SWEEPS
 from perfed_ray.sweep.spec import Sweep
 
 STATE = "sweep.json"  # the sweep as given, beside Tune's state
 BEST = "best.yaml"  # the search's picks
 _PIN = 0.001  # of the driver node's `node:<ip>` resource, per trial: a place, not a share
-
-
-def folder_of(out: Path, name: str) -> Path:
-    return out / SWEEPS / name
 
 
 def create(sweep: Sweep, out: Path) -> Path:
@@ -59,7 +56,7 @@ def create(sweep: Sweep, out: Path) -> Path:
     from perfed_ray.data.datasets import dataset
 
     check_out(out)
-    folder = folder_of(out, sweep.name)
+    folder = out / SWEEPS / sweep.name
     if folder.exists():
         raise ConfigError(
             f"sweep {sweep.name} already exists in {out}: continue it with "
@@ -145,8 +142,6 @@ class Outcome:
     @property
     def unfinished(self) -> list[str]:
         """Runs that did not end and did not fail: an interrupted sweep's."""
-        from perfed_ray.sweep.trial import ENDED
-
         return [r for r, s in self.statuses.items() if s not in ENDED and r not in self.errors]
 
 
@@ -175,8 +170,6 @@ class Lines(tune.Callback):
 
 
 def _say(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
@@ -200,11 +193,10 @@ def _node_ip(driver_cpus: float) -> str:
     return ip
 
 
-def _sigterm_as_sigint() -> None:
+def _sigint(signum: int, frame: object) -> None:
     """A scheduler's SIGTERM ends the sweep as Ctrl-C does: Tune saves its state, stops
     the trials (status `interrupted`), and the sweep can be resumed."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    signal.raise_signal(signal.SIGINT)
 
 
 def run(
@@ -218,7 +210,7 @@ def run(
     trials ended; the caller reports it."""
     from perfed_ray.runtime import chatter, connect, simulation
     from perfed_ray.runtime.environment import plugin_modules
-    from perfed_ray.sweep.trial import STOPS, RecordStops, Stops, Trial
+    from perfed_ray.sweep.trial import STOPS, Stops
 
     folder = folder.resolve()  # Tune takes absolute paths (else it reads them as URIs)
     sweep = load(folder)
@@ -237,44 +229,57 @@ def run(
     if cluster and not ray.is_initialized():
         connect.connect(cluster, sorted({m for t in sweep.trials for m in plugin_modules(t)}))
     simulation.start_ray(*sweep.trials)  # no-op once connected
-    _sigterm_as_sigint()
-    ip = _node_ip(sweep.resources.driver_cpus)
     stops = STOPS + sweep.name
-    _kept = Stops.options(name=stops, get_if_exists=True).remote()  # alive while referenced
-    trainable = tune.with_resources(Trial, pinned(ip))
-    if tune.Tuner.can_restore(str(folder)):
-        tuner = tune.Tuner.restore(
-            str(folder), trainable, resume_unfinished=True, resume_errored=True
-        )
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space=param_space(sweep, out, command, stops),
-            tune_config=tune.TuneConfig(
-                scheduler=_scheduler(sweep),
-                reuse_actors=False,
-                trial_name_creator=_run_id,
-                trial_dirname_creator=_run_id,
-            ),
-            run_config=tune.RunConfig(
-                name=sweep.name,
-                storage_path=str(folder.parent),
-                verbose=1 if verbose else 0,
-                callbacks=[
-                    RecordStops(stops),
-                    Lines({sweep.run_id(i): sweep.describe(i) for i in range(len(sweep.trials))}),
-                ],
-                failure_config=tune.FailureConfig(max_failures=sweep.retries),
-                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
-            ),
-        )
-    grid = tuner.fit()
+    decisions = Stops.options(name=stops, get_if_exists=True).remote()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigint) if main else None  # after Ray's own
+    try:
+        grid = _tuner(folder, sweep, out, command, verbose, stops).fit()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        ray.kill(decisions)
     errors = {
         r.config["trial"]["run_id"]: f"{type(r.error).__name__}: {r.error}".splitlines()[0]
         for r in grid
         if r.error is not None
     }
     return Outcome(statuses(out, sweep), errors)
+
+
+def _tuner(
+    folder: Path, sweep: Sweep, out: Path, command: str, verbose: bool, stops: str
+) -> tune.Tuner:
+    """The sweep's Tuner: restored from Tune's state in `folder` if it has one, else new;
+    `stops` names the actor that tells trials stopped by Tune from interrupted ones."""
+    from perfed_ray.sweep.trial import RecordStops, Trial
+
+    trainable = tune.with_resources(Trial, pinned(_node_ip(sweep.resources.driver_cpus)))
+    if tune.Tuner.can_restore(str(folder)):
+        return tune.Tuner.restore(
+            str(folder), trainable, resume_unfinished=True, resume_errored=True
+        )
+    return tune.Tuner(
+        trainable,
+        param_space=param_space(sweep, out, command, stops),
+        tune_config=tune.TuneConfig(
+            scheduler=_scheduler(sweep),
+            reuse_actors=False,
+            trial_name_creator=_run_id,
+            trial_dirname_creator=_run_id,
+        ),
+        run_config=tune.RunConfig(
+            name=sweep.name,
+            storage_path=str(folder.parent),
+            verbose=1 if verbose else 0,
+            callbacks=[
+                RecordStops(stops),
+                Lines({sweep.run_id(i): sweep.describe(i) for i in range(len(sweep.trials))}),
+            ],
+            failure_config=tune.FailureConfig(max_failures=sweep.retries),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+        ),
+    )
 
 
 def _run_id(trial: Any) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping
@@ -99,7 +100,7 @@ class Sweep:
     search: tuple[str, ...] | None = None  # pick the best step sizes per these keys
     retries: int = 2  # restarts of a trial whose driver failed, from its checkpoint
 
-    @property
+    @functools.cached_property
     def varied(self) -> list[str]:
         """The configuration keys whose values differ between trials."""
         return [k for k in FIELDS if len({getattr(t, k) for t in self.trials}) > 1]

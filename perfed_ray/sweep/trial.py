@@ -35,8 +35,8 @@ import ray
 from ray import tune
 
 from perfed_ray.runtime.coordinator import Diverged, Progress, Stopped
+from perfed_ray.sweep import ENDED
 
-ENDED = ("finished", "diverged", "stopped")  # a run that ended so is not run again
 STOPS = "perfed-ray-sweep-stops-"  # + the sweep's name: the actor, in its driver's namespace
 CONTINUE, STOP, INTERRUPT = "continue", "stop", "interrupt"
 
