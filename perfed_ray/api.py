@@ -231,13 +231,13 @@ def simulate(
         if run_id is not None:
             check_run_id(folder, run_id)
         result = None
+    import ray
+
     from perfed_ray.runtime import chatter, connect, simulation  # Ray, torch: after validation
 
     if not verbose:
         chatter.hide()
     prepared = simulation.prepare(cfg)
-    import ray
-
     cluster = connect.cluster_address(address)
     if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
         from perfed_ray.runtime.environment import plugin_modules
