@@ -91,13 +91,14 @@ def check_out(out: Path) -> None:
 
 def check_run_id(out: Path, run_id: str) -> None:
     """A run id given by the caller (a sweep names its trials' runs) must be a safe folder
-    name, and new in `out`: a run that exists is continued, never started again."""
+    name, and new in `out`: a run that exists (its record was saved) is continued, never
+    started again; one killed before that left nothing to continue."""
     from perfed_ray.runtime.checkpoint import SAFE_ID, RunStore
 
     if not SAFE_ID.fullmatch(run_id):
         raise ConfigError(f"run id {run_id!r} is not allowed: letters, digits, '-' and '_' only")
     folder = RunStore(out, run_id).folder
-    if folder.exists():
+    if (folder / RunStore.RECORD).exists():
         raise ConfigError(
             f"run {run_id} already exists in {out}: continue it with --resume {folder}"
         )

@@ -80,16 +80,18 @@ class Checkpoint:
 class RunStore:
     """Reads and writes one run's record and checkpoint."""
 
+    RECORD = "run.json"  # a run exists, and can be resumed, once this is written
+
     def __init__(self, out: Path, run_id: str) -> None:
         self.folder = Path(out) / FOLDER / f"run_id={run_id}"
 
     def save_record(self, record: RunRecord) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         text = json.dumps(asdict(record), indent=1)
-        write_atomically(self.folder / "run.json", lambda tmp: tmp.write_text(text))
+        write_atomically(self.folder / self.RECORD, lambda tmp: tmp.write_text(text))
 
     def load_record(self) -> RunRecord:
-        path = self.folder / "run.json"
+        path = self.folder / self.RECORD
         try:
             return RunRecord(**json.loads(path.read_text()))
         except FileNotFoundError:

@@ -116,7 +116,7 @@ class Trial(tune.Trainable):
         from perfed_ray.runtime.checkpoint import RunStore
 
         folder = RunStore(self.out, self.run_id).folder
-        resume = folder if (folder / "run.json").exists() else None
+        resume = folder if (folder / RunStore.RECORD).exists() else None
         try:
             simulate(
                 None if resume else self.config["trial"]["run"],
