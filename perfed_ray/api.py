@@ -9,7 +9,7 @@ scripts and sweeps; the command line is a thin layer over it.
 
 Bad input raises :class:`~perfed_ray.errors.InputError` before Ray starts and before
 anything is written; a run that stops raises (Diverged, WorkFailed, KeyboardInterrupt,
-or the error that stopped it) after its rows so far, its runs row with the status,
+Stopped, or the error that stopped it) after its rows so far, its runs row with the status,
 and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are written.
 """
 
@@ -20,12 +20,15 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 LOGS = "logs"  # tracebacks of failed runs, under the results folder
 REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
@@ -71,8 +74,9 @@ def check_out(out: Path) -> None:
         raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
     from perfed_ray.results.writer import TABLES
     from perfed_ray.runtime.checkpoint import FOLDER
+    from perfed_ray.sweep import SWEEPS
 
-    ours = {*TABLES, FOLDER, LOGS, REPORT}
+    ours = {*TABLES, FOLDER, SWEEPS, LOGS, REPORT}
     foreign = sorted(
         p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")
     )
@@ -82,6 +86,21 @@ def check_out(out: Path) -> None:
             f"--out {str(out)!r} is not empty and not a perfed-ray results "
             f"folder (it holds {shown}): choose an empty or new folder, or an "
             f"existing results folder"
+        )
+
+
+def check_run_id(out: Path, run_id: str) -> None:
+    """A run id given by the caller (a sweep names its trials' runs) must be a safe folder
+    name, and new in `out`: a run that exists (its record was saved) is continued, never
+    started again; one killed before that left nothing to continue."""
+    from perfed_ray.runtime.checkpoint import SAFE_ID, RunStore
+
+    if not SAFE_ID.fullmatch(run_id):
+        raise ConfigError(f"run id {run_id!r} is not allowed: letters, digits, '-' and '_' only")
+    folder = RunStore(out, run_id).folder
+    if (folder / RunStore.RECORD).exists():
+        raise ConfigError(
+            f"run {run_id} already exists in {out}: continue it with --resume {folder}"
         )
 
 
@@ -175,6 +194,9 @@ def simulate(
     progress: Callable[[Any], None] | None = None,
     announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
     verbose: bool = False,
+    run_id: str | None = None,
+    placement_group: PlacementGroup | None = None,
+    command: str | None = None,
     **changes: Any,
 ) -> RunResult:
     """Run one simulation (or, with `resume`, continue a stopped one) and return where
@@ -189,6 +211,11 @@ def simulate(
     every round; `announce` is told the resolved configuration and run once Ray is up
     and before the run begins (so a SIGTERM handler it installs is not Ray's);
     `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
+    `run_id` names a new run (default: its start time, algorithm and a random suffix),
+    `placement_group` (a Ray PlacementGroup whose bundle 0 is this driver's) reserves
+    the run's actors in its other bundles and sizes them by those, and `command` is
+    what started the run, for its runs row: a sweep's trials use all three
+    (:mod:`perfed_ray.sweep`).
     """
     overrides = list(overrides)
     if resume is not None:
@@ -202,28 +229,40 @@ def simulate(
         cfg = to_config(config, overrides, **changes)
         folder = Path(out or "results")
         check_out(folder)
+        if run_id is not None:
+            check_run_id(folder, run_id)
         result = None
+    import ray
+
     from perfed_ray.runtime import chatter, connect, simulation  # Ray, torch: after validation
 
     if not verbose:
         chatter.hide()
     prepared = simulation.prepare(cfg)
     cluster = connect.cluster_address(address)
-    if cluster:
+    if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
         from perfed_ray.runtime.environment import plugin_modules
 
         connect.connect(cluster, plugin_modules(cfg))
     simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
     if result is None:
-        result = RunResult(simulation.new_run_id(cfg), folder)
+        result = RunResult(run_id or simulation.new_run_id(cfg), folder)
     if announce:
         announce(prepared.cfg, result, resume is not None)
-    from perfed_ray.runtime.coordinator import Diverged
+    from perfed_ray.runtime.coordinator import Diverged, Stopped
     from perfed_ray.runtime.pool import WorkFailed
 
     try:
-        simulation.run(prepared, folder, progress, result.run_id, resume=resume is not None)
-    except (KeyboardInterrupt, Diverged, WorkFailed):
+        simulation.run(
+            prepared,
+            folder,
+            progress,
+            result.run_id,
+            resume=resume is not None,
+            group=placement_group,
+            command=command,
+        )
+    except (KeyboardInterrupt, Stopped, Diverged, WorkFailed):
         raise
     except Exception:
         log = folder / LOGS / f"{result.run_id}.txt"

@@ -1,10 +1,11 @@
-"""`perfed-ray`: run simulations, summarise and report results, list configuration keys.
+"""`perfed-ray`: run simulations and sweeps of them, summarise and report results, list
+configuration keys.
 
-Exit status: 0 success; 2 bad input (configuration, data, output folder, resume
-folder), reported in one line before Ray starts; 1 a run that failed or diverged
-while running (its rows so far are kept and its runs row says so); 130
-interrupted (Ctrl-C or SIGTERM). A run that stopped for any reason, SIGKILL
-included, continues from its last checkpoint with ``--resume``.
+Exit status: 0 success; 2 bad input (configuration, sweep file, data, output folder,
+resume folder), reported in one line before Ray starts; 1 a run that failed or
+diverged while running (its rows so far are kept and its runs row says so), or a
+sweep with failed trials; 130 interrupted (Ctrl-C or SIGTERM). A run or sweep that
+stopped for any reason, SIGKILL included, continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -136,6 +137,77 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bundles(bundles: list[dict[str, float]]) -> str:
+    """A trial's placement group in words: its driver's share, then its actors'."""
+    driver, *actors = bundles
+    each = " + ".join(f"{v:g} {k}" for k, v in actors[0].items()) if actors else "nothing"
+    return f"driver {driver.get('CPU', 0):g} CPU, {len(actors)} actors x {each}"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from perfed_ray.sweep import spec
+
+    if args.resume:
+        if args.sweep or args.set or args.resources or args.out:
+            raise ConfigError(
+                "--resume continues a sweep as it was given: drop the sweep file, --set, "
+                "--resources and --out"
+            )
+        from perfed_ray.sweep import runner
+
+        folder = runner.locate(args.resume)
+        sweep = runner.load(folder)
+    else:
+        if not args.sweep:
+            raise ConfigError("give a sweep file (SWEEP.yaml), or --resume DIR")
+        sweep = spec.load(args.sweep, args.set, args.resources)
+        if args.dry_run:
+            for i, trial in enumerate(sweep.trials):
+                print(f"{sweep.describe(i)}  [{_bundles(sweep.resources.bundles(trial))}]")
+            print(f"{len(sweep.trials)} trials, varying {', '.join(sweep.varied) or 'nothing'}")
+            return 0
+        from perfed_ray.sweep import runner
+
+        folder = runner.create(sweep, Path(args.out or "results"))
+    out = folder.parent.parent
+    again = f"perfed-ray sweep --resume {folder}" + (
+        f" --address {args.address}" if args.address else ""
+    )
+    print(
+        f"sweep {sweep.name}: {len(sweep.trials)} trials, varying "
+        f"{', '.join(sweep.varied) or 'nothing'}; results under {out}/; if it stops: {again}",
+        file=sys.stderr,
+    )
+    try:
+        outcome = runner.run(folder, args.address, args.verbose, " ".join(sys.argv))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: continue the sweep with\n  {again}", file=sys.stderr)
+        return 130
+    from perfed_ray.analysis import summary
+
+    table = summary(out)
+    if not table.empty:
+        _print_table(table[table["run_id"].isin(outcome.statuses)], markdown=False)
+    if sweep.search:
+        picks = runner.best(out, sweep)
+        print(f"\nbest by validation accuracy, per {', '.join(sweep.search)}:")
+        print(picks.to_string(index=False))
+        print(f"(also in {runner.write_best(folder, picks)})")
+    if outcome.errors:
+        for run_id, error in outcome.errors.items():
+            print(f"error: trial {run_id} failed: {error}", file=sys.stderr)
+        print(f"  once fixed, continue the sweep with\n  {again}", file=sys.stderr)
+        return 1
+    if outcome.unfinished:
+        print(
+            f"\ninterrupted: {len(outcome.unfinished)} of {len(sweep.trials)} trials did not "
+            f"end; continue the sweep with\n  {again}",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
 def _print_table(table, markdown: bool) -> None:
     from perfed_ray.analysis import format_summary
 
@@ -176,18 +248,17 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pairs(command: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A repeatable KEY=VALUE option."""
+    command.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="perfed-ray", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one simulation from a configuration file")
     run.add_argument("config", nargs="?", help="flat YAML configuration (default: all defaults)")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one configuration value (repeatable)",
-    )
+    _pairs(run, "--set", "override one configuration value (repeatable)")
     run.add_argument("--out", help="results folder (default: results/)")
     run.add_argument(
         "--resume",
@@ -207,6 +278,35 @@ def parser() -> argparse.ArgumentParser:
         "ray://HOST:PORT (default: $RAY_ADDRESS, else start a local Ray)",
     )
     run.set_defaults(func=cmd_run)
+    sweep = sub.add_parser(
+        "sweep",
+        help="run many simulations as the trials of a Ray Tune sweep (a grid, samples, seeds)",
+    )
+    sweep.add_argument("sweep", nargs="?", help="sweep file (see README: Sweeps)")
+    _pairs(sweep, "--set", "override one configuration value of every trial (repeatable)")
+    _pairs(
+        sweep,
+        "--resources",
+        "override what each trial reserves: driver_cpus, cpus or gpus (repeatable)",
+    )
+    sweep.add_argument("--out", help="results folder (default: results/)")
+    sweep.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue a stopped sweep: its results folder, or RESULTS/sweeps/NAME",
+    )
+    sweep.add_argument("--dry-run", action="store_true", help="list the trials and stop")
+    sweep.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Tune's progress tables and Ray's start-up messages",
+    )
+    sweep.add_argument(
+        "--address",
+        help="join the Ray cluster at auto or HOST:PORT, from one of its nodes "
+        "(default: $RAY_ADDRESS, else start a local Ray)",
+    )
+    sweep.set_defaults(func=cmd_sweep)
     summ = sub.add_parser("summary", help="final personalised accuracy of every run in DIR")
     summ.add_argument("dir", help="results folder")
     summ.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -243,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    if args.command == "run" and status == 0:
+    if args.command in ("run", "sweep") and status == 0 and not getattr(args, "dry_run", False):
         print(f"done in {_duration(time.perf_counter() - start)}", file=sys.stderr)
     return status
 

@@ -195,6 +195,14 @@ class RunConfig:
         low=0,
         high=0.9,
     )
+    validation: float = _opt(
+        0.0,
+        "share of each user's training samples (drawn from the seed) held out from "
+        "training and scored instead of its test shard: step sizes chosen on it (`perfed-ray "
+        "sweep`'s search) never see test data; 0 scores the test shard",
+        low=0,
+        high=0.5,
+    )
     adapt_on: str = _opt(
         "train",
         "shard the evaluation's adaptation batch comes from (`test` leaks "
@@ -464,19 +472,23 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file's contents; a missing or malformed `what` (e.g. "configuration file")
+    is a ConfigError naming it."""
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+
+
 def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a flat YAML file (or nothing: all defaults) and apply `--set` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"configuration file {str(path)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError(
-                f"configuration file {str(path)!r} is not valid YAML: {err}"
-            ) from None
+        loaded = read_yaml(path, "configuration file")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

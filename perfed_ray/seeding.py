@@ -27,6 +27,7 @@ class Stream(enum.IntEnum):
     EVALUATED_USERS = 7
     UNSEEN_USERS = 8
     SHARED_DATA = 9
+    VALIDATION = 10
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

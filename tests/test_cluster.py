@@ -163,12 +163,37 @@ def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_s
     assert actors["node_id"].nunique() == 1 + WORKERS  # every node hosted users
     assert sorted(u for users in actors["users"] for u in users) == [0, 1, 2, 3]
 
-    local = tmp_path / "local"
-    simulation.run(simulation.prepare(load(config)), local)  # the session's plain ray.init
+    _assert_same_as_local(tmp_path / "cluster", config, tmp_path / "local")
+
+
+def test_a_sweep_on_the_cluster_places_each_trials_actors_and_matches_a_local_run(
+    cluster, ray_session, tmp_path
+):
+    """A trial's placement group spans the nodes its actors need; its driver runs beside
+    the sweep's, which reserves no CPU for it here."""
+    address, env = cluster
+    config = tmp_path / "mnist.yaml"
+    config.write_text(CONFIG)
+    (tmp_path / "sweep.yaml").write_text(
+        "base: mnist.yaml\nseeds: 1\nresources: {driver_cpus: 0, cpus: 2}\n"
+    )
+    sweep = _cli(
+        "sweep", "sweep.yaml", "--address", address, "--out", "swept", env=env, cwd=tmp_path
+    )
+    assert sweep.returncode == 0, sweep.stderr
+    assert "Traceback" not in sweep.stderr
+    actors = pd.read_parquet(tmp_path / "swept" / "actors")
+    assert actors["node_id"].nunique() == 1 + WORKERS  # one actor on each one-CPU node
+    _assert_same_as_local(tmp_path / "swept", config, tmp_path / "local")
+
+
+def _assert_same_as_local(out: Path, config: Path, local: Path) -> None:
+    """The rows under `out` have the numbers of `config` run on the session's plain Ray."""
+    simulation.run(simulation.prepare(load(config)), local)
     for table, keys in (("rounds", ["round"]), ("evals", ["round", "user", "draw"])):
         on_cluster, on_local = (
-            pd.read_parquet(out / table).sort_values(keys).reset_index(drop=True)
-            for out in (tmp_path / "cluster", local)
+            pd.read_parquet(folder / table).sort_values(keys).reset_index(drop=True)
+            for folder in (out, local)
         )
         metrics = (
             ["train_loss"]

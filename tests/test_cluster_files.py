@@ -20,7 +20,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from perfed_ray.config import load
+from perfed_ray.sweep import spec
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "cluster"
@@ -214,11 +214,27 @@ def _containers(spec: dict) -> list[dict]:
     return [c for g in groups for c in g["template"]["spec"]["containers"]]
 
 
-def test_the_rayjob_runs_a_valid_table1_row():
+def test_the_rayjob_runs_the_table1_sweep_as_the_cluster_can_hold_it():
     doc = _manifest(CLUSTER / "kuberay" / "rayjob-table1.yaml")
     words = shlex.split(doc["spec"]["entrypoint"])
-    assert words[:2] == ["python", "/home/ray/perfed-ray/experiments/table1.py"]
-    row = words[2]
+    assert words[:2] == ["perfed-ray", "sweep"]
+    path = Path(words[2].replace("/home/ray/perfed-ray", str(REPO)))
     sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
-    cfg = load(REPO / "experiments" / "configs" / "table1" / f"{row}.yaml", sets)
-    assert (cfg.dataset, cfg.data_transport, cfg.users_per_actor) == ("mnist", "data_root", None)
+    resources = [words[i + 1] for i, w in enumerate(words) if w == "--resources"]
+    sweep = spec.load(path, sets, resources)
+    assert len(sweep.trials) == 90 and {t.dataset for t in sweep.trials} == {"mnist", "cifar10"}
+    for cfg in sweep.trials:
+        assert (cfg.data_root, cfg.data_transport, cfg.users_per_actor) == (
+            "/home/ray/data",
+            "data_root",
+            None,
+        )
+    # The trials' drivers run on the head, which declares no CPUs; their actors fit the
+    # GPU workers, one CPU and a GPU share each.
+    cluster = _cluster_spec(doc)
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert sweep.resources.driver_cpus == 0
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+    per_worker = min(int(worker["limits"]["cpu"]) / sweep.resources.cpus, 1 / sweep.resources.gpus)
+    assert per_worker == 4  # trials side by side on each GPU worker
+    assert "CIFAR-10" in (CLUSTER / "Dockerfile").read_text()  # the image holds both data sets

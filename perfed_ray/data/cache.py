@@ -11,7 +11,7 @@ do not depend on the budget: a shard evicted and made again is the same shard.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -37,12 +37,14 @@ class ShardCache:
         device: torch.device,
         data: DataArrays | None,
         budget_bytes: int | None = None,
+        prepare: Callable[[Shard], Shard] | None = None,
     ) -> None:
         self.source = source
         self.hosted = users if isinstance(users, range) else frozenset(users)
         self.device = device
         self.data = source.data_for(data)
         self.budget = budget_bytes
+        self.prepare = prepare  # e.g. holding out a validation split, as each shard is made
         self.kept: OrderedDict[int, Shard] = OrderedDict()
         self.bytes = 0
         self.made = 0  # shards made so far, for tests and benchmarks
@@ -55,6 +57,8 @@ class ShardCache:
         if user not in self.hosted:
             raise KeyError(user)
         shard = self.source.shards([user], self.device, self.data)[user]
+        if self.prepare is not None:
+            shard = self.prepare(shard)
         self.made += 1
         self.kept[user] = shard
         self.bytes += shard_bytes(shard)

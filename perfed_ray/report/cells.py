@@ -113,12 +113,14 @@ def finished(runs: pd.DataFrame) -> pd.DataFrame:
 @dataclass
 class Cell:
     """The runs of one cell: accuracies of finished seeds, their final evaluation's
-    per-draw accuracies pooled, the rounds where runs diverged, and runs that stopped
-    otherwise (interrupted, failed, or still running)."""
+    per-draw accuracies pooled, the rounds where runs diverged, runs a sweep's scheduler
+    stopped early (they did worse than others: never averaged, never unfinished), and
+    runs that stopped otherwise (interrupted, failed, or still running)."""
 
     accuracies: list[float] = field(default_factory=list)
     draws: list[float] = field(default_factory=list)
     diverged_rounds: list[int] = field(default_factory=list)
+    stopped: int = 0
     unfinished: int = 0
 
     def text(self, paper: float | None) -> str:
@@ -140,6 +142,8 @@ class Cell:
         if self.diverged_rounds:
             where = ", ".join(str(r) for r in sorted(self.diverged_rounds))
             parts.append(f"**{len(self.diverged_rounds)} diverged** (round {where})")
+        if self.stopped:
+            parts.append(f"{self.stopped} stopped early")
         if self.unfinished:
             parts.append(f"{self.unfinished} unfinished")
         if not self.accuracies and not self.diverged_rounds:
@@ -158,6 +162,8 @@ def cells(runs: pd.DataFrame) -> dict[tuple, Cell]:
         cell = out.setdefault(_key(run), Cell())
         if run["status"] == "diverged":
             cell.diverged_rounds.append(int(run["rounds_done"]) + 1)
+        elif run["status"] == "stopped":
+            cell.stopped += 1
         else:
             cell.unfinished += 1
     return out

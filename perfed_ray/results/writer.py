@@ -41,7 +41,7 @@ CONFIG_SCHEMA = pa.schema([(name, _ARROW[base_type(f)]) for name, f in FIELDS.it
 
 RUNS_SCHEMA = pa.schema(
     [
-        ("status", pa.string()),  # running, finished, failed, diverged, interrupted
+        ("status", pa.string()),  # running, finished, failed, diverged, interrupted, stopped
         ("error", pa.string()),
         ("started_at", TIMESTAMP),
         ("ended_at", TIMESTAMP),

@@ -19,6 +19,7 @@ from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.data.cache import ShardCache
+from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.registry import STRATEGIES
@@ -80,7 +81,8 @@ class UserActor:
         model = build_model(cfg.model, source.input_shape, source.n_classes).to(self.device)
         self.flat = FlatParams(params_of(model))
         budget = None if cfg.shard_cache_mb is None else int(cfg.shard_cache_mb * 2**20)
-        shards = ShardCache(source, users, self.device, data, budget)
+        held_out = (lambda s: hold_out(s, cfg.validation, cfg.seed)) if cfg.validation else None
+        shards = ShardCache(source, users, self.device, data, budget, held_out)
         self.learner = Learner(cfg, model, shards, states, users)
         self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 

@@ -34,6 +34,7 @@ from perfed_ray.results.writer import write_atomically
 
 FOLDER = "checkpoints"
 _RUN_ID = re.compile(r"run_id=(.+)")
+SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def _block(saved: dict[str, int] | list[int]) -> range:
 class RunStore:
     """Reads and writes one run's record and checkpoint."""
 
+    RECORD = "run.json"  # a run exists, and can be resumed, once this is written
+
     def __init__(self, out: Path, run_id: str) -> None:
         self.folder = Path(out) / FOLDER / f"run_id={run_id}"
 
@@ -97,10 +100,10 @@ class RunStore:
         blocks = [{"start": b.start, "stop": b.stop} for b in record.blocks]
         fields = asdict(record) | {"blocks": blocks}
         text = json.dumps(fields, indent=1)
-        write_atomically(self.folder / "run.json", lambda tmp: tmp.write_text(text))
+        write_atomically(self.folder / self.RECORD, lambda tmp: tmp.write_text(text))
 
     def load_record(self) -> RunRecord:
-        path = self.folder / "run.json"
+        path = self.folder / self.RECORD
         try:
             fields = json.loads(path.read_text())
             return RunRecord(**fields | {"blocks": [_block(b) for b in fields["blocks"]]})

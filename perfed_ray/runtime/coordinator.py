@@ -41,9 +41,16 @@ class Diverged(RuntimeError):
         self.users = users
 
 
+class Stopped(Exception):
+    """Raised by a progress callback to end the run early on its runner's decision (a
+    sweep's scheduler stopping a trial that does poorly): the run is marked `stopped`,
+    not `interrupted`, so the runs table says why it ended."""
+
+
 @dataclass(frozen=True)
 class Progress:
-    """What the coordinator reports after each round."""
+    """What the coordinator reports after each round (to a callback, which may raise
+    :class:`Stopped` or KeyboardInterrupt to end the run there)."""
 
     round: int
     rounds: int

@@ -91,3 +91,17 @@ def with_resources(cfg: RunConfig, nodes: Nodes, blocks: list[range]) -> Placeme
 
 def _floor4(x: float) -> float:
     return int(x * 10_000) / 10_000
+
+
+def bundles(placement: Placement) -> list[dict[str, float]]:
+    """One Ray resource bundle per actor: what a sweep trial's placement group holds after
+    its driver's own bundle, so the trial's actors are reserved with it."""
+    one = {"CPU": placement.num_cpus, "GPU": placement.num_gpus}
+    return [{k: v for k, v in one.items() if v} for _ in placement.blocks]
+
+
+def group_share(specs: list[dict[str, float]]) -> Nodes:
+    """The actors' bundles of a trial's placement group (bundle 0 is its driver's) as the
+    one node placement plans on, so a trial sizes its actors by what it reserved, not by
+    the whole cluster."""
+    return [{k: sum(b.get(k, 0.0) for b in specs[1:]) for k in ("CPU", "GPU")}]

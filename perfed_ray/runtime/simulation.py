@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import perfed_ray
 from perfed_ray import faults
@@ -42,14 +44,15 @@ from perfed_ray.data import (
 )
 from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.engines import default_engine
+from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
-from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress
+from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress, Stopped
 from perfed_ray.runtime.environment import components, plugin_modules
-from perfed_ray.runtime.placement import Placement, plan, with_resources
+from perfed_ray.runtime.placement import Placement, group_share, plan, with_resources
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.seeding import Stream, numpy_rng
 from perfed_ray.server import Server
@@ -133,12 +136,17 @@ def new_run_id(cfg: RunConfig) -> str:
 
 
 def actor_factory(
-    prepared: Prepared, placement: Placement, checkpoint: Checkpoint | None = None
+    prepared: Prepared,
+    placement: Placement,
+    checkpoint: Checkpoint | None = None,
+    group: PlacementGroup | None = None,
 ) -> ActorFactory:
     """How to start (or restart) actor i: its block's shards come from the data set,
     put once in the object store and shared, or from the data root the actor reads;
     its users' per-user states from the checkpoint the run continues from; the user's
-    own components (dotted paths in the configuration) resolved here."""
+    own components (dotted paths in the configuration) resolved here. Actors are
+    spread over the cluster's nodes, or in a placement group, actor i takes bundle
+    i + 1 (bundle 0 is the driver's), so a replacement takes its predecessor's place."""
     cfg = prepared.cfg
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
@@ -147,10 +155,15 @@ def actor_factory(
     def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
         block = placement.blocks[actor]
         states = checkpoint.states_of(block) if checkpoint else None
+        where = (
+            "SPREAD"
+            if group is None
+            else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + actor)
+        )
         return UserActor.options(
             num_cpus=placement.num_cpus,
             num_gpus=placement.num_gpus,
-            scheduling_strategy="SPREAD",
+            scheduling_strategy=where,
             runtime_env=faults.actor_env(),
         ).remote(
             cfg,
@@ -196,13 +209,14 @@ def _peak_memory(pool: ActorPool) -> dict[str, int]:
     }
 
 
-def start_ray(cfg: RunConfig) -> None:
+def start_ray(*configs: RunConfig) -> None:
     """A local Ray for this driver unless one is connected already, shipping the user's
-    own modules to its workers. Ray's start-up sets its own SIGTERM handler (exit status
-    1): a caller that wants another must install it after this."""
+    own modules (those of every configuration: a sweep's trials') to its workers. Ray's
+    start-up sets its own SIGTERM handler (exit status 1): a caller that wants another
+    must install it after this."""
     if ray.is_initialized():
         return
-    modules = plugin_modules(cfg)
+    modules = sorted({m for cfg in configs for m in plugin_modules(cfg)})
     ray.init(
         include_dashboard=False,
         logging_level=logging.WARNING,
@@ -216,24 +230,30 @@ def run(
     on_progress: Callable[[Progress], None] | None = None,
     run_id: str | None = None,
     resume: bool = False,
+    group: PlacementGroup | None = None,
+    command: str | None = None,
 ) -> str:
     """Run one simulation on the connected Ray cluster (a local one if none), or with
     `resume`, continue run `run_id` from its last checkpoint; returns the run id.
-    The runs row says `finished` only if every round ran."""
+    With `group` (a sweep trial's placement group), the actors are sized by and placed
+    in its bundles after the first. `command` is what started the run, for its runs
+    row (default: this process's command line). The runs row says `finished` only if
+    every round ran, and otherwise why it did not."""
     cfg = prepared.cfg
     start_ray(cfg)
     run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
     store = RunStore(out, run_id)
     model = initial_model(cfg, prepared.source([]))
+    nodes = _nodes() if group is None else group_share(group.bundle_specs)
     checkpoint = None
     if resume:
         record = store.load_record()
         record = dataclasses.replace(record, resumes=record.resumes + 1, driver=_driver())
         checkpoint = store.load()
-        placement = with_resources(cfg, _nodes(), record.blocks)
+        placement = with_resources(cfg, nodes, record.blocks)
     else:
-        placement = plan(cfg, _nodes())
+        placement = plan(cfg, nodes)
         cfg = resolve_execution(cfg, model, len(placement.blocks))
         prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(
@@ -241,8 +261,13 @@ def run(
             cfg.to_dict(),
             placement.blocks,
             datetime.now(UTC).isoformat(),
-            " ".join(sys.argv),
+            command or " ".join(sys.argv),
             driver=_driver(),
+        )
+    if group is not None and len(placement.blocks) >= len(group.bundle_specs):
+        raise ConfigError(
+            f"the placement group holds {len(group.bundle_specs) - 1} actor bundles after "
+            f"the driver's; the run needs {len(placement.blocks)} actors"
         )
     writer = RunWriter(out, run_id, cfg)
     if resume:
@@ -268,7 +293,7 @@ def run(
         while True:
             pool = ActorPool(
                 placement.blocks,
-                actor_factory(prepared, placement, checkpoint),
+                actor_factory(prepared, placement, checkpoint, group),
                 cfg.actor_retries,
                 writer.add,
                 replaceable=not server.stateful,
@@ -298,6 +323,8 @@ def run(
         row["status"] = (
             "interrupted"
             if isinstance(err, KeyboardInterrupt)
+            else "stopped"
+            if isinstance(err, Stopped)
             else "diverged"
             if isinstance(err, Diverged)
             else "failed"

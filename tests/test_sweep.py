@@ -1,0 +1,357 @@
+"""`perfed-ray sweep`: sweep files expanded and checked before Ray starts, trials run as
+Ray Tune trials on the session's Ray (each a run with the tables `perfed-ray run`
+writes, its numbers those of the same configuration run alone), a sweep killed by
+SIGKILL resumed to the tables of one never stopped, runs that say why they ended
+(finished, stopped early, diverged, interrupted by SIGTERM), and step sizes picked on
+validation samples."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import TINY, experiment_script
+
+from perfed_ray import simulate
+from perfed_ray.analysis import OUTCOME, final_accuracy, outcome, read_runs, read_table
+from perfed_ray.api import check_run_id
+from perfed_ray.cli import main
+from perfed_ray.data.shards import Shard
+from perfed_ray.data.validation import hold_out
+from perfed_ray.errors import ConfigError
+from perfed_ray.runtime.checkpoint import RunStore
+from perfed_ray.sweep import SWEEPS, spec
+
+REPO = Path(__file__).resolve().parents[1]
+# 2 x 2 trials of 60 rounds, each reserving 1 of the session's 2 CPUs: two side by side.
+TRIAL = {**TINY, "rounds": 60, "eval_every": 20, "checkpoint_every": 10}
+SWEEP = {
+    "name": "tiny",
+    "config": TRIAL,
+    "grid": {"algorithm": ["fedavg", "perfedavg-fo"]},
+    "seeds": 2,
+    "resources": {"driver_cpus": 0.5, "cpus": 0.5},
+}
+VARIED = ["algorithm", "seed"]
+
+
+def _write(folder: Path, doc: dict, name: str = "sweep.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _sweep(args: list[str], address: str) -> subprocess.Popen:
+    """`perfed-ray sweep ARGS` in its own process, on the session's Ray."""
+    env = {**os.environ, "RAY_ADDRESS": address}
+    env.pop("PERFED_FAULT", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "perfed_ray.cli", "sweep", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _by_trial(out: Path) -> dict[str, pd.DataFrame]:
+    """What the runs computed (no timings, no run ids), rows ordered by trial."""
+    tables = outcome(out)
+    for name, keys in OUTCOME.items():
+        if not tables[name].empty:
+            order = [*VARIED, *keys]
+            tables[name] = tables[name].sort_values(order, kind="stable").reset_index(drop=True)
+    return tables
+
+
+def _assert_same(got: dict[str, pd.DataFrame], expected: dict[str, pd.DataFrame]) -> None:
+    for name in OUTCOME:
+        pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
+
+
+# Sweep files, before Ray.
+
+
+def test_sweep_files_hold_the_experiment_scripts_grids():
+    sweeps = REPO / "experiments" / "sweeps"
+    for table1 in experiment_script("table1"):
+        main_grid = table1.grid(table1.CONFIGS, 3, False, table1.ALGORITHMS)
+        study = table1.grid(table1.CONFIGS, 3, True, table1.ALGORITHMS, main=False)
+        assert set(spec.load(sweeps / "table1.yaml").trials) == {c.cfg() for c in main_grid}
+        assert set(spec.load(sweeps / "table1-study.yaml").trials) == {c.cfg() for c in study}
+        assert (len(main_grid), len(study)) == (90, 54)
+    for comparison in experiment_script("comparison"):
+        cells = comparison.grid(comparison.CONFIGS, 3, comparison.METHODS, (), set())
+        assert set(spec.load(sweeps / "comparison.yaml").trials) == {c.cfg() for c in cells}
+    search = spec.load(sweeps / "step-sizes.yaml")
+    assert search.search == ("algorithm",) and all(t.validation == 0.2 for t in search.trials)
+
+
+def test_a_sweep_file_expands_in_order_samples_reproducibly_and_sizes_trials(tmp_path):
+    rows = [_write(tmp_path, {**TRIAL, "n_users": n}, f"row{n}.yaml") for n in (4, 6)]
+    doc = {
+        "base": [r.name for r in rows],
+        "grid": [{"algorithm": ["fedavg", "perfedavg-fo"]}, {"algorithm": ["local"], "tau": [3]}],
+        "sample": {
+            "samples": 4,
+            "method": "quasi-random",
+            "seed": 7,
+            "loguniform": {"beta": [0.001, 0.1]},
+            "uniform": {"batch_size": [10, 30]},
+            "choice": {"aggregation": ["mean", "samples"]},
+        },
+        "seeds": [0, 5],
+        "resources": {"cpus": 2},
+    }
+    sweep = spec.load(_write(tmp_path, doc), ["rounds=30"], ["driver_cpus=1"])
+    assert sweep.name == "sweep" and len(sweep.trials) == 2 * 3 * 4 * 2
+    assert sweep.varied == [
+        "n_users",
+        "tau",
+        "beta",
+        "batch_size",
+        "algorithm",
+        "seed",
+        "aggregation",
+    ]
+    first = sweep.trials[:8]  # row 4, FedAvg: 4 samples x 2 seeds, seeds innermost
+    assert [(t.n_users, t.algorithm, t.seed) for t in first[:2]] == [
+        (4, "fedavg", 0),
+        (4, "fedavg", 5),
+    ]
+    assert {t.rounds for t in sweep.trials} == {30}  # --set, for every trial
+    points = [(t.beta, t.batch_size, t.aggregation) for t in first[::2]]
+    assert len(set(points)) == 4
+    assert all(0.001 <= b <= 0.1 and isinstance(s, int) and 10 <= s <= 30 for b, s, _ in points)
+    # The same points for every grid point and row, and again when the file is read again.
+    assert [(t.beta, t.batch_size, t.aggregation) for t in sweep.trials[-8::2]] == points
+    assert spec.load(_write(tmp_path, doc), ["rounds=30"]).trials == sweep.trials
+    random = spec.load(_write(tmp_path, {**doc, "sample": {**doc["sample"], "method": "random"}}))
+    assert [(t.beta, t.batch_size) for t in random.trials[:8:2]] != [p[:2] for p in points]
+    ninth = sweep.trials[9]  # row 4, the grid's second point, the first sample, seed 5
+    assert sweep.describe(9) == (
+        f"sweep-0009 n_users=4 tau=2 beta={ninth.beta} batch_size={ninth.batch_size} "
+        f"algorithm=perfedavg-fo seed=5 aggregation={ninth.aggregation}"
+    )
+    # users_per_actor: auto fills what a trial reserves with actors, one CPU each.
+    auto = sweep.trials[0].replace(users_per_actor=None)
+    assert sweep.resources.bundles(auto) == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert sweep.resources.bundles(sweep.trials[0]) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert spec.Sweep.from_dict(sweep.to_dict()) == sweep
+
+
+BAD_SWEEPS = [
+    ({"grdi": {"seed": [1]}}, "unknown section (did you mean 'grid'?)"),
+    ({"grid": {"alpah": [0.1]}}, "grid: unknown configuration key 'alpah' (did you mean 'alpha'?)"),
+    ({"grid": {"batch_size": []}}, "grid: batch_size must be a non-empty list of values"),
+    (
+        {"grid": {"batch_size": [0, 1]}},
+        "trial batch_size=0: batch_size = 0 is out of range: an integer >= 1",
+    ),
+    (
+        {"grid": {"batch_size": [2]}, "config": {"batch_size": 3}},
+        "config: batch_size is varied by the sweep",
+    ),
+    ({"grid": {"seed": [1]}, "seeds": 2}, "seeds: seed is also varied by grid"),
+    (
+        {"grid": [{"batch_size": [2]}, {"batch_size": [2]}]},
+        "grid: trials 0 and 1 are the same configuration",
+    ),
+    ({"sample": {"samples": 2, "uniform": {"model": [0, 1]}}}, "model is not a number"),
+    ({"sample": {"samples": 2, "loguniform": {"beta": [0, 1]}}}, "beta = 0 must be > 0"),
+    ({"name": "a/b"}, "name: 'a/b' may hold letters, digits, '-' and '_' only"),
+    ({"resources": {"cpus": 0}}, "resources: cpus = 0 must be > 0"),
+    (
+        {"grid": {"batch_size": [2, 3]}, "early_stopping": {"grace_rounds": 3}},
+        "grace_rounds = 3 is not a multiple of eval_every = 2",
+    ),
+    (
+        {"grid": {"beta": [0.1, 0.2]}, "search": {"per": "algorithm"}},
+        "search: picks values by validation accuracy, never by test accuracy: set validation",
+    ),
+]
+
+
+@pytest.mark.parametrize(("doc", "message"), BAD_SWEEPS, ids=[m[:30] for _, m in BAD_SWEEPS])
+def test_bad_sweep_files_are_one_line_errors_naming_file_and_section(tmp_path, doc, message):
+    path = _write(tmp_path, {"config": TINY, **doc} if "config" not in doc else doc)
+    with pytest.raises(ConfigError, match=r"^sweep .*sweep\.yaml: ") as raised:
+        spec.load(path)
+    assert message in str(raised.value)
+
+
+def test_the_cli_refuses_bad_sweeps_and_mixed_resumes_with_status_2(tmp_path, capsys):
+    path = _write(tmp_path, {"config": TINY, "grid": {"alpah": [0.1]}})
+    assert main(["sweep", str(path)]) == 2
+    assert main(["sweep", "--resume", str(tmp_path), str(path)]) == 2
+    assert main(["sweep", "--resume", str(tmp_path)]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert (
+        errors[0].startswith("error: sweep ") and "unknown configuration key 'alpah'" in errors[0]
+    )
+    assert errors[1] == (
+        "error: --resume continues a sweep as it was given: drop the sweep file, --set, "
+        "--resources and --out"
+    )
+    assert "is not a sweep" in errors[2] and len(errors) == 3
+
+
+def test_a_trials_run_id_is_safe_and_a_run_with_a_record_is_never_started_again(tmp_path):
+    with pytest.raises(ConfigError, match="run id 'a/b' is not allowed"):
+        check_run_id(tmp_path, "a/b")
+    folder = RunStore(tmp_path, "tiny-0000").folder
+    folder.mkdir(parents=True)
+    check_run_id(tmp_path, "tiny-0000")  # killed before its record: nothing to continue
+    (folder / RunStore.RECORD).write_text("{}")
+    with pytest.raises(ConfigError, match=r"run tiny-0000 already exists .* --resume"):
+        check_run_id(tmp_path, "tiny-0000")
+
+
+def test_a_validation_split_is_drawn_from_training_samples_never_test_ones():
+    shard = Shard(
+        3, "A", torch.arange(20.0)[:, None], torch.arange(20), torch.zeros(5, 1), torch.zeros(5)
+    )
+    held = hold_out(shard, 0.25, seed=1)
+    train, valid = held.y_train.tolist(), held.y_test.tolist()
+    assert len(valid) == 5 and sorted(train + valid) == list(range(20))
+    assert held.x_test[:, 0].tolist() == valid  # samples and labels moved together
+    assert hold_out(shard, 0.25, seed=1).y_test.tolist() == valid  # drawn from the seed
+    assert hold_out(shard, 0.25, seed=2).y_test.tolist() != valid
+    other = Shard(4, "A", shard.x_train, shard.y_train, shard.x_test, shard.y_test)
+    assert hold_out(other, 0.25, seed=1).y_test.tolist() != valid  # and the user
+
+
+# Sweeps on the session's Ray.
+
+
+@pytest.fixture(scope="module")
+def swept(ray_session, tmp_path_factory) -> tuple[Path, str]:
+    """The 2 x 2 sweep, never stopped: its results folder and the sweep's stderr."""
+    folder = tmp_path_factory.mktemp("swept")
+    process = _sweep(
+        [str(_write(folder, SWEEP)), "--out", str(folder / "results")],
+        ray_session.get_runtime_context().gcs_address,
+    )
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    return folder / "results", stdout + stderr
+
+
+def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session, swept, tmp_path):
+    out, printed = swept
+    runs = read_runs(out)
+    assert sorted(runs["run_id"]) == [f"tiny-000{i}" for i in range(4)]
+    assert set(runs["status"]) == {"finished"} and set(runs["rounds_done"]) == {60}
+    assert set(runs["actor_cpus"]) == {0.5}  # sized by what each trial reserved
+    assert (out / SWEEPS / "tiny" / "sweep.json").is_file()
+    assert set(pd.read_parquet(out / "evals")["run_id"]) == set(runs["run_id"])
+    assert "start tiny-0003 algorithm=perfedavg-fo seed=1" in printed
+    for chatter in ("Traceback", "worker processes have been started", "Token authentication"):
+        assert chatter not in printed
+    alone = tmp_path / "alone"
+    for algorithm in SWEEP["grid"]["algorithm"]:
+        for seed in range(SWEEP["seeds"]):
+            simulate({**TRIAL, "algorithm": algorithm, "seed": seed}, alone)
+    _assert_same(_by_trial(out), _by_trial(alone))
+
+
+def _poll(out: Path, process: subprocess.Popen, ready, timeout: float = 240) -> None:
+    """Wait until `ready(runs, rounds)` holds for the tables under `out`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[1]
+        runs, rounds = read_runs(out), read_table(out, "rounds")
+        if not runs.empty and not rounds.empty and ready(runs, rounds):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the sweep never got there")
+
+
+def _mid_run(runs: pd.DataFrame, rounds: pd.DataFrame) -> bool:
+    """Some trial has rounds written and is not finished."""
+    running = runs.loc[runs["status"] == "running", "run_id"]
+    return bool(set(running) & set(rounds["run_id"]))
+
+
+def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(ray_session, swept, tmp_path):
+    address = ray_session.get_runtime_context().gcs_address
+    out = tmp_path / "results"
+    first = _sweep([str(_write(tmp_path, SWEEP)), "--out", str(out)], address)
+    # Killed once a trial has finished while another is mid-run: one to skip, one to
+    # continue from its checkpoint, and maybe some not started.
+    _poll(
+        out,
+        first,
+        lambda runs, rounds: (runs["status"] == "finished").any() and _mid_run(runs, rounds),
+    )
+    first.kill()
+    first.communicate(timeout=60)
+    assert "running" in set(read_runs(out)["status"])  # killed: no chance to say otherwise
+
+    again = _sweep(["--resume", str(out)], address)
+    _, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    runs = read_runs(out)
+    assert set(runs["status"]) == {"finished"} and len(runs) == 4
+    assert runs["resumes"].sum() >= 1  # killed runs continued, not started again
+    _assert_same(_by_trial(out), _by_trial(swept[0]))
+    assert main(["sweep", str(_write(tmp_path, SWEEP)), "--out", str(out)]) == 2  # exists
+
+
+def test_runs_say_why_they_ended_and_the_search_picks_on_validation(ray_session, tmp_path):
+    """Finished, stopped early, diverged and interrupted side by side. One trial at a time
+    (each reserves both CPUs): the first, whose step size learns, sets the bar the
+    second, whose step size barely moves, is stopped by at round 20; the third diverges
+    in round 2 (an outcome, not a failure); the fourth, the first again for longer (so
+    never below the bar), is running when the sweep gets a scheduler's SIGTERM."""
+    doc = {
+        "name": "search",
+        "config": {
+            **{k: v for k, v in TRIAL.items() if k != "rounds"},
+            "algorithm": "fedavg",
+            "validation": 0.25,
+        },
+        "grid": [{"beta": [0.3, 0.00001, 1e6], "rounds": [40]}, {"beta": [0.3], "rounds": [400]}],
+        "resources": {"driver_cpus": 1, "cpus": 1},
+        "early_stopping": {"grace_rounds": 20, "reduction_factor": 2},
+        "search": {"per": ["algorithm"]},
+    }
+    out = tmp_path / "results"
+    process = _sweep(
+        [str(_write(tmp_path, doc)), "--out", str(out)],
+        ray_session.get_runtime_context().gcs_address,
+    )
+    _poll(out, process, lambda runs, rounds: "search-0003" in set(rounds["run_id"]))
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "continue the sweep with" in stderr
+    runs = read_runs(out).sort_values("run_id")
+    assert runs["status"].tolist() == ["finished", "stopped", "diverged", "interrupted"]
+    assert runs["rounds_done"].tolist()[:3] == [40, 20, 1]
+    assert runs["error"].iloc[1].startswith("Stopped: stopped by the sweep's scheduler")
+    assert "end   search-0001: stopped after round 20" in stderr
+    assert "end   search-0002: diverged after round 1" in stderr
+    evals = read_table(out, "evals")  # a quarter of each user's training samples scored
+    assert (evals["n_test"] == ((evals["n_train"] + evals["n_test"]) / 4).round()).all()
+    best = yaml.safe_load((out / SWEEPS / "search" / "best.yaml").read_text())
+    accuracy = final_accuracy(evals).set_index("run_id")["accuracy"]["search-0000"]
+    assert best == [
+        {
+            "algorithm": "fedavg",
+            "beta": 0.3,
+            "rounds": 40,
+            "accuracy": accuracy,
+            "seeds": 1,
+            "runs": ["search-0000"],
+        }
+    ]
+    assert "best by validation accuracy, per algorithm:" in stdout
