@@ -72,7 +72,7 @@ def check_out(out: Path) -> None:
     from perfed_ray.results.writer import TABLES
     from perfed_ray.runtime.checkpoint import FOLDER
 
-    ours = {*TABLES, FOLDER, LOGS, REPORT}
+    ours = {*TABLES, FOLDER, LOGS, REPORT, "README.md"}  # notes beside the results are fine
     foreign = sorted(
         p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")
     )
