@@ -76,7 +76,7 @@ def check_out(out: Path) -> None:
     from perfed_ray.runtime.checkpoint import FOLDER
     from perfed_ray.sweep import SWEEPS
 
-    ours = {*TABLES, FOLDER, SWEEPS, LOGS, REPORT}
+    ours = {*TABLES, FOLDER, SWEEPS, LOGS, REPORT, "README.md"}  # notes beside them are fine
     foreign = sorted(
         p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")
     )
