@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
-from perfed_ray.config import FIELDS
+from perfed_ray.config import FIELDS, legacy_keys
 from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = [
@@ -63,13 +65,18 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
 def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.DataFrame:
     """One results table across every run under `out` (empty if there is none yet).
 
-    Reads with the current schema, so files written before a column existed
-    read back with nulls there instead of hiding the column.
+    Reads with the current schema joined with every file's own (components' settings
+    are columns of their runs alone), so files written before a column existed read
+    back with nulls there instead of hiding the column.
     """
     folder = Path(out) / table
-    if not folder.is_dir() or not any(folder.glob("run_id=*/*.parquet")):
+    files = sorted(folder.glob("run_id=*/*.parquet"))
+    if not folder.is_dir() or not files:
         return pd.DataFrame()
-    data = ds.dataset(folder, schema=table_schema(table), partitioning="hive")
+    schema = pa.unify_schemas(
+        [table_schema(table), *(pq.read_schema(f) for f in files)], promote_options="permissive"
+    )
+    data = ds.dataset(folder, schema=schema, partitioning="hive")
     # With a run id, only that run's folder is read (partition pruning).
     return data.to_table(
         filter=None if run_id is None else ds.field("run_id") == run_id
@@ -84,6 +91,14 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     for name, f in FIELDS.items():
         if name in runs and f.default is not None and runs[name].isna().any():
             runs[name] = runs[name].fillna(f.default)
+    # Runs from before components declared their settings kept them in flat columns
+    # (`pfedme_lr`): they are read as the setting of the run's own method.
+    for old, dotted in legacy_keys().items():
+        if old in runs:
+            mine = runs["algorithm"] == dotted.partition(".")[0]
+            values = runs[old].where(mine)
+            runs[dotted] = runs[dotted].fillna(values) if dotted in runs else values
+            runs = runs.drop(columns=old)
     return runs
 
 

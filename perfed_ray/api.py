@@ -140,11 +140,12 @@ def resumable(
     stored = configuration.from_mapping(record.config)
     if given is not None or changes:
         given = given or configuration.from_mapping({**stored.to_dict(), **changes})
+        now = given.to_dict()
         changed = [
-            (k, v, getattr(given, k))
+            (k, v, now.get(k))
             for k, v in stored.to_dict().items()
-            if getattr(given, k) != v
-            and not (configuration.FIELDS[k].metadata["auto"] and getattr(given, k) is None)
+            if now.get(k) != v
+            and not (k in configuration.CORE and configuration.CORE[k].auto and now[k] is None)
         ]
         if changed:
             k, old, new = changed[0]

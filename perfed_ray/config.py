@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,45 +20,22 @@ from typing import Any
 import yaml
 
 from perfed_ray.errors import ConfigError
-from perfed_ray.registry import REGISTRIES
+from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
+from perfed_ray.settings import KINDS, Setting
 
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
 INPUT_SCALES = ("unit", "standardize", "raw")
 HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
+TRAINED_USERS = ("sampled", "all")
+SAMPLINGS = ("uniform", "samples")
 
 
-def _opt(
-    default: Any,
-    help: str,
-    *,
-    choices: tuple[str, ...] | None = None,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    auto: bool = False,
-    word: str = "auto",
-    registry: bool = False,
-) -> Any:
-    """A configuration field with the facts its validation and its docs need.
-
-    `auto` fields accept the word ``auto`` (or `word`; stored as ``None``): the value
-    is then chosen at run time from the data set or the cluster. `registry` fields name
-    a component registered under the same key in :mod:`perfed_ray.registry` (or a
-    dotted path to a user's own), and are checked against it.
-    """
-    meta = {
-        "help": help,
-        "choices": choices,
-        "low": low,
-        "high": high,
-        "low_open": low_open,
-        "auto": auto,
-        "word": word,
-        "registry": registry,
-    }
-    return field(default=default, metadata=meta)
+def _opt(default: Any, help: str, **facts: Any) -> Any:
+    """A core configuration field, declared by a :class:`Setting` (whose type is the
+    field's annotation)."""
+    return field(default=default, metadata={"setting": Setting(default, help, **facts)})
 
 
 @dataclass(frozen=True)
@@ -114,7 +90,16 @@ class RunConfig:
     fraction: float = _opt(
         0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
     )
-    tau: int = _opt(10, "local steps per round", low=1)
+    tau: int = _opt(10, "local steps per round (unless local_epochs)", low=1)
+    local_epochs: int | None = _opt(
+        None,
+        "local work in epochs instead of tau steps: each user passes over its own training "
+        "shard this many times in batches of batch_size, so users of different sizes take "
+        "different numbers of steps; off: tau steps",
+        low=1,
+        auto=True,
+        word="off",
+    )
     rounds: int = _opt(1000, "communication rounds K", low=1)
     alpha: float = _opt(0.01, "step size of the inner (adaptation) step", low=0)
     beta: float = _opt(0.001, "local (outer) step size", low=0, low_open=True)
@@ -130,25 +115,6 @@ class RunConfig:
         "perfedavg-hf",
         "federated algorithm (see perfed_ray/algorithms; a user's own as package.module:Class)",
         registry=True,
-    )
-    ditto_lambda: float = _opt(
-        1.0, "Ditto: pull of each personal model towards the global one (lambda)", low=0
-    )
-    pfedme_lambda: float = _opt(
-        15.0, "pFedMe: Moreau-envelope regularisation lambda", low=0, low_open=True
-    )
-    pfedme_steps: int = _opt(5, "pFedMe: steps K on the personalised model per local step", low=1)
-    pfedme_lr: float = _opt(
-        0.09, "pFedMe: step size of those K steps (personal learning rate)", low=0, low_open=True
-    )
-    pfedme_beta: float = _opt(
-        1.0, "pFedMe: the server's mixing beta, w <- (1 - beta) w + beta mean", low=0, high=2
-    )
-    fedrep_body_steps: int = _opt(
-        1, "FedRep: local steps on the body, after tau minus these on the head", low=1
-    )
-    finetune_steps: int = _opt(
-        10, "FedAvg-FT: SGD steps (size alpha) in one personalisation step", low=1
     )
     model: str = _opt(
         "mlp",
@@ -233,6 +199,30 @@ class RunConfig:
         "than 200,000 user-steps to run",
         auto=True,
     )
+    trained_users: str = _opt(
+        "sampled",
+        "who trains in a round: the sampled users (Algorithm 1), or every user while only "
+        "the sampled ones are aggregated (pFedMe's and local training's authors' code)",
+        choices=TRAINED_USERS,
+    )
+    sampling: str = _opt(
+        "uniform",
+        "how a round's users are drawn: uniformly, or in proportion to their training "
+        "samples (Ditto's and FedProx's authors' code); without replacement either way",
+        choices=SAMPLINGS,
+    )
+    client_optimizer: str = _opt(
+        "sgd",
+        "the optimiser of the local steps of methods that use one (its settings in its "
+        "own section, e.g. sgd: {momentum: 0.5}); Per-FedAvg's steps are the paper's SGD",
+        registry=True,
+    )
+    server_optimizer: str = _opt(
+        "mean",
+        "how the server moves its model towards the users' aggregate: mean (Algorithm 1: "
+        "the aggregate itself), or an optimiser on the pseudo-gradient (FedAvgM, FedAdam ...)",
+        registry=True,
+    )
     strategy: str = _opt(
         "uniform",
         "the server's policy: which users a round samples and which are "
@@ -286,6 +276,7 @@ class RunConfig:
         high=1,
     )
     tag: str = _opt("", "free-form label stored with the results")
+    settings: tuple[tuple[str, Any], ...] = ()  # components' settings: (dotted key, value)
 
     @property
     def unseen_count(self) -> int:
@@ -306,104 +297,139 @@ class RunConfig:
         """m = round(r n), the number of users sampled each round (r n >= 1 is checked)."""
         return round(self.fraction * self.n_users)
 
+    def section(self, name: str) -> dict[str, Any]:
+        """The settings of the component whose section is `name` (its defaults where
+        the configuration left them), e.g. ``cfg.section("fedrep")["head_epochs"]``."""
+        prefix = name + "."
+        return {k[len(prefix) :]: v for k, v in self.settings if k.startswith(prefix)}
+
+    def settings_of(self, key: str) -> dict[str, Any]:
+        """The settings of the component that core key `key` names (``algorithm``)."""
+        return self.section(section_name(getattr(self, key)))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every value as a flat mapping: core keys, then components' settings under
+        dotted keys (``fedrep.head_epochs``), as YAML and the Parquet columns have them."""
+        core = {name: getattr(self, name) for name in FIELDS}
+        return core | dict(self.settings)
 
     def replace(self, **changes: Any) -> RunConfig:
         return from_mapping({**self.to_dict(), **changes})
 
 
-FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(RunConfig)}
+def _core(f: dataclasses.Field) -> Setting:
+    """A core field's Setting, typed by the field's annotation (`int | None` -> int)."""
+    kind = KINDS[str(f.type).split("|")[0].strip()]
+    return dataclasses.replace(f.metadata["setting"], kind=kind)
 
 
-def base_type(f: dataclasses.Field) -> type:
-    """The non-None type of a field (`int | None` -> int)."""
-    kind = str(f.type).split("|")[0].strip()
-    return {"str": str, "int": int, "float": float, "bool": bool}[kind]
+FIELDS: dict[str, dataclasses.Field] = {
+    f.name: f for f in dataclasses.fields(RunConfig) if "setting" in f.metadata
+}
+CORE: dict[str, Setting] = {name: _core(f) for name, f in FIELDS.items()}
 
 
-def _coerce(key: str, value: Any) -> Any:
-    """Check one value's type, range and choices; return it in its canonical form."""
-    f = FIELDS[key]
-    meta = f.metadata
-    kind = base_type(f)
-    if meta["auto"] and (value is None or value == meta["word"]):
-        return None
-    if meta["registry"] and isinstance(value, str):
-        REGISTRIES[key].check(value)
-        return value
-    allowed = _describe(key)
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-        return value
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-        if meta["choices"] and value not in meta["choices"]:
-            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-        return value
-    if isinstance(value, bool):
-        raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-    if kind is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int):
-            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-    else:
-        if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}") from None
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{key} = {value!r} is not allowed: {allowed}")
-        value = float(value)
-    low, high = meta["low"], meta["high"]
-    too_low = low is not None and (value <= low if meta["low_open"] else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high:
-        raise ConfigError(f"{key} = {value!r} is out of range: {allowed}")
-    return value
+def section_name(value: str) -> str:
+    """The section of the component a configuration names: its registered name, or for
+    a dotted path ``pkg.mod:Reptile`` the class name in lower case (``reptile``)."""
+    return value.rpartition(":")[2].lower() if is_dotted(value) else value
 
 
-def _describe(key: str) -> str:
-    """What a key accepts, in words, for error messages and the docs."""
-    f = FIELDS[key]
-    meta = f.metadata
-    kind = base_type(f)
-    if meta["registry"]:
-        text = REGISTRIES[key].describe()
-    elif meta["choices"]:
-        text = "one of " + ", ".join(meta["choices"])
-    elif kind is bool:
-        text = "true or false"
-    elif kind is str:
-        text = "a string"
-    else:
-        noun = "an integer" if kind is int else "a number"
-        low, high = meta["low"], meta["high"]
-        if low is not None and high is not None:
-            left = "(" if meta["low_open"] else "["
-            text = f"{noun} in {left}{low:g}, {high:g}]"
-        elif low is not None:
-            text = f"{noun} {'>' if meta['low_open'] else '>='} {low:g}"
+def declared(registry_key: str, name: str) -> dict[str, Setting]:
+    """The settings a component declares (none for most)."""
+    return dict(getattr(REGISTRIES[registry_key].load(name), "settings", None) or {})
+
+
+def _registered_sections() -> dict[str, tuple[str, str]]:
+    """section -> (registry key, name) for every registered component that has
+    settings: where a section or a legacy key given in a file is looked up."""
+    out = {}
+    for key in SECTIONED:
+        for name in REGISTRIES[key].names():
+            if declared(key, name):
+                out[section_name(name)] = (key, name)
+    return out
+
+
+def spec(key: str, sections: Mapping[str, tuple[str, str]] | None = None) -> Setting:
+    """The Setting of a core key or of a dotted component key; KeyError if none."""
+    if key in CORE:
+        return CORE[key]
+    section, _, name = key.partition(".")
+    registry_key, component = (sections or _registered_sections())[section]
+    return declared(registry_key, component)[name]
+
+
+def _legacy(sections: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    return {
+        s.legacy: f"{section}.{name}"
+        for section, (key, component) in sections.items()
+        for name, s in declared(key, component).items()
+        if s.legacy
+    }
+
+
+def legacy_keys() -> dict[str, str]:
+    """The flat keys older versions used for components' settings -> their dotted keys."""
+    return _legacy(_registered_sections())
+
+
+def base_type(key: str) -> type:
+    """The type of a key's values (core or a component's)."""
+    return spec(key).type
+
+
+def flatten(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Sections given as nested mappings (``fedrep: {head_epochs: 10}``) as dotted keys;
+    a core key's value is never a mapping."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        key = str(key)
+        if isinstance(value, Mapping) and key not in CORE:
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
-            text = noun
-    return text + (f" or {meta['word']}" if meta["auto"] else "")
+            flat[key] = value
+    return flat
+
+
+def _unknown(key: str, known: Iterable[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(
+        f"unknown configuration key {key!r}{hint}; see `perfed-ray keys` for the allowed keys"
+    )
 
 
 def from_mapping(values: Mapping[str, Any]) -> RunConfig:
-    """Build a validated config from a flat mapping (a YAML file, overrides)."""
-    for key in values:
-        if key not in FIELDS:
-            close = difflib.get_close_matches(str(key), FIELDS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown configuration key {key!r}{hint}; "
-                f"see `perfed-ray keys` for the allowed keys"
-            )
-    cfg = RunConfig(**{k: _coerce(k, v) for k, v in values.items()})
+    """Build a validated config from a mapping (a YAML file, overrides): core keys, and
+    components' settings as sections or dotted keys. The settings of the components the
+    run uses are kept, with their defaults filled in; a section of another registered
+    component is checked and dropped (a sweep's base file may serve several methods)."""
+    flat = flatten(values)
+    core = {k: v for k, v in flat.items() if k in CORE}
+    cfg = RunConfig(**{k: CORE[k].coerce(k, v) for k, v in core.items()})
+    rest = {k: v for k, v in flat.items() if k not in CORE}
+    sections = _registered_sections() if rest else {}
+    chosen = {section_name(getattr(cfg, key)): (key, getattr(cfg, key)) for key in SECTIONED}
+    sections |= chosen
+    legacy = _legacy(sections)
+    given: dict[str, Any] = {}
+    for key, value in rest.items():
+        key = legacy.get(key, key)
+        section, dot, name = key.partition(".")
+        if not dot or section not in sections:
+            dotted = [f"{s}.{n}" for s, (k, c) in sections.items() for n in declared(k, c)]
+            raise _unknown(key, [*CORE, *dotted])
+        owner = declared(*sections[section])
+        if name not in owner:
+            raise _unknown(key, [f"{section}.{n}" for n in owner])
+        given[key] = owner[name].coerce(key, value)
+    settings = {
+        f"{section}.{name}": given.get(f"{section}.{name}", s.default)
+        for section, (key, component) in chosen.items()
+        for name, s in declared(key, component).items()
+    }
+    cfg = dataclasses.replace(cfg, settings=tuple(sorted(settings.items())))
     _check_combination(cfg)
     return cfg
 
@@ -484,7 +510,7 @@ def read_yaml(path: Path, what: str) -> Any:
 
 
 def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read a flat YAML file (or nothing: all defaults) and apply `--set` overrides."""
+    """Read a YAML file (or nothing: all defaults) and apply `--set` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -493,7 +519,8 @@ def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(
-                f"configuration file {str(path)!r} must be a flat mapping of key: value lines"
+                f"configuration file {str(path)!r} must be a mapping of key: value lines "
+                f"(a component's settings in a section: fedrep: {{head_epochs: 10}})"
             )
         values.update(loaded)
     values.update(parse_overrides(overrides))
@@ -501,13 +528,14 @@ def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
 
 
 def reference() -> list[tuple[str, str, str, str]]:
-    """(key, default, allowed, meaning) for every key: the README's table and `keys`."""
-    rows = []
-    for name, f in FIELDS.items():
-        default = (
-            f.metadata["word"] if f.metadata["auto"] and f.default is None else repr(f.default)
-        )
-        rows.append((name, default, _describe(name), f.metadata["help"]))
+    """(key, default, allowed, meaning) for every key: the core keys, then every
+    registered component's own settings under its section (``fedrep.head_epochs``): the
+    README's table and `keys`."""
+    rows = [(k, s.shown_default(), s.describe(k), s.help) for k, s in CORE.items()]
+    for section, (key, name) in _registered_sections().items():
+        for setting, s in declared(key, name).items():
+            dotted = f"{section}.{setting}"
+            rows.append((dotted, s.shown_default(), s.describe(dotted), f"{key} {name}: {s.help}"))
     return rows
 
 

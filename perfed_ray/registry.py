@@ -1,4 +1,5 @@
-"""One registry per concept: algorithms, models, data sets, partitioners, engines, strategies.
+"""One registry per concept: algorithms, models, data sets, partitioners, engines, strategies,
+client and server optimisers.
 
 A configuration names a component by a registered name (``perfedavg-hf``), by a
 dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
@@ -210,4 +211,39 @@ STRATEGIES = Registry(
     base="perfed_ray.strategy:Strategy",
 )
 
-REGISTRIES = {r.key: r for r in (ALGORITHMS, MODELS, DATASETS, PARTITIONERS, ENGINES, STRATEGIES)}
+CLIENT_OPTIMIZERS = Registry(
+    "client optimiser",
+    "client_optimizer",
+    {
+        "sgd": "perfed_ray.optimizers.client:SGD",
+    },
+    group="perfed_ray.client_optimizers",
+    base="perfed_ray.optimizers.client:ClientOptimizer",
+)
+
+SERVER_OPTIMIZERS = Registry(
+    "server optimiser",
+    "server_optimizer",
+    {
+        "mean": "perfed_ray.optimizers.server:Mean",
+    },
+    group="perfed_ray.server_optimizers",
+    base="perfed_ray.optimizers.server:ServerOptimizer",
+)
+
+REGISTRIES = {
+    r.key: r
+    for r in (
+        ALGORITHMS,
+        MODELS,
+        DATASETS,
+        PARTITIONERS,
+        ENGINES,
+        STRATEGIES,
+        CLIENT_OPTIMIZERS,
+        SERVER_OPTIMIZERS,
+    )
+}
+# Configuration keys whose components declare settings, each in a section of its own
+# name (`fedrep: {head_epochs: 10}`): see perfed_ray.settings.
+SECTIONED = ("algorithm", "client_optimizer", "server_optimizer")

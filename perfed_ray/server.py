@@ -1,6 +1,8 @@
-"""The server's maths on the flat vectors that travel: the users' aggregate becomes the
-next global model through the algorithm's `server_update` (Algorithm 1: the aggregate
-itself; pFedMe mixes it with the old model, for instance)."""
+"""The server's maths on the flat vectors that travel: the users' aggregate becomes a
+target through the algorithm's `server_update` (Algorithm 1: the aggregate itself;
+pFedMe mixes it with the old model, for instance), and the server optimiser moves the
+global model towards it (`mean`: all the way; FedAdam and the others: a step of their
+own along the move, with state)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,16 @@ import numpy as np
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.models import FlatParams
-from perfed_ray.registry import ALGORITHMS
+from perfed_ray.optimizers.server import State
+from perfed_ray.registry import ALGORITHMS, SERVER_OPTIMIZERS
 
 
 class Server:
     def __init__(self, cfg: RunConfig, template: Params) -> None:
         self.algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
+        self.optimizer = SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg)
         self.layout = FlatParams(template)
+        self.state: State = self.optimizer.init(self.layout.flatten(template))
         # Whether users keep per-user state: checkpoints then fetch it, and a dead actor
         # means a roll-back rather than a replacement.
         self.stateful = self.algorithm.init_user_state(template) is not None
@@ -23,7 +28,10 @@ class Server:
     def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:
         """w_{k+1} from w_k and the weighted sum of the reporting users' models."""
         aggregate = (total / weight_sum).astype(np.float32)
-        new = self.algorithm.server_update(
-            self.layout.unflatten(weights), self.layout.unflatten(aggregate)
+        target = self.layout.flatten(
+            self.algorithm.server_update(
+                self.layout.unflatten(weights), self.layout.unflatten(aggregate)
+            )
         )
-        return self.layout.flatten(new)
+        new, self.state = self.optimizer.step(weights, target, self.state)
+        return np.asarray(new, dtype=np.float32)

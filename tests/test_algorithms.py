@@ -166,7 +166,7 @@ def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull
     ops, w, (d, d1, d2) = problem
     steps = [(d, d1, d2), (d1, d2, d)]
     own = {k: v + 0.1 for k, v in w.items()}
-    ditto = _algorithm("ditto", beta=0.1, ditto_lambda=0.0)
+    ditto = _algorithm("ditto", beta=0.1, ditto={"lambda": 0.0})
     new_w, _, new_v = client_update(ditto, ops, w, steps, own)
     fedavg, _, _ = client_update(_algorithm("fedavg", beta=0.1), ops, w, steps, None)
     alone, _, _ = client_update(_algorithm("local", beta=0.1), ops, w, steps, own)
@@ -174,14 +174,14 @@ def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull
         torch.testing.assert_close(new_w[k], fedavg[k])
         torch.testing.assert_close(new_v[k], alone[k])
     _, _, pulled = client_update(
-        _algorithm("ditto", beta=0.1, ditto_lambda=1.0), ops, w, steps, own
+        _algorithm("ditto", beta=0.1, ditto={"lambda": 1.0}), ops, w, steps, own
     )
     assert _distance(pulled, w) < _distance(new_v, w)
 
 
 def test_pfedme_moves_w_towards_theta_and_the_server_mixes_by_beta(problem):
     ops, w, (d, d1, d2) = problem
-    pfedme = _algorithm("pfedme", beta=0.005, pfedme_steps=3, pfedme_beta=0.5)
+    pfedme = _algorithm("pfedme", beta=0.005, pfedme={"steps": 3, "beta": 0.5})
     state = pfedme.client_init(ops, w, None)
     theta = w
     for _ in range(3):  # the K personal steps, written out
@@ -202,7 +202,7 @@ def test_fedrep_trains_the_head_then_the_body_and_personalises_the_head(problem)
     the head alone."""
     ops, w, (d, d1, d2) = problem
     head = {k: w[k] + 0.1 for k in ("net.4.weight", "net.4.bias")}  # the MLP's last layer
-    fedrep = _algorithm("fedrep", beta=0.1, alpha=0.2, tau=3, fedrep_body_steps=1)
+    fedrep = _algorithm("fedrep", beta=0.1, alpha=0.2, tau=3, fedrep={"body_steps": 1})
     model, _, kept = client_update(fedrep, ops, w, [(d,), (d1,), (d2,)], head)
     expected = {k: head.get(k, v) for k, v in w.items()}
     for batch, part in ((d, head), (d1, head), (d2, [k for k in w if k not in head])):
@@ -223,7 +223,7 @@ def test_fedrep_trains_the_head_then_the_body_and_personalises_the_head(problem)
 
 def test_fedavg_ft_trains_as_fedavg_and_fine_tunes_on_each_of_its_batches(problem):
     ops, w, (d, d1, d2) = problem
-    ft = _algorithm("fedavg-ft", alpha=0.2, finetune_steps=3)
+    ft = _algorithm("fedavg-ft", alpha=0.2, **{"fedavg-ft.finetune_steps": 3})
     assert ft.personalise_batches == 3
     steps = [(d, d1, d2), (d1, d2, d)]
     trained = client_update(ft, ops, w, steps, None)[0]
@@ -240,5 +240,5 @@ def test_fedavg_ft_trains_as_fedavg_and_fine_tunes_on_each_of_its_batches(proble
 def test_fedrep_rejects_more_body_steps_than_tau():
     from perfed_ray.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="fedrep_body_steps = 5 exceeds tau = 4"):
-        _algorithm("fedrep", tau=4, fedrep_body_steps=5)
+    with pytest.raises(ConfigError, match="fedrep.body_steps = 5 exceeds tau = 4"):
+        _algorithm("fedrep", tau=4, fedrep={"body_steps": 5})

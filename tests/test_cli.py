@@ -123,7 +123,7 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path, args, message):
 def test_yaml_file_problems(tmp_path):
     listing = tmp_path / "list.yaml"
     listing.write_text("- dataset\n- mnist\n")
-    with pytest.raises(ConfigError, match="must be a flat mapping"):
+    with pytest.raises(ConfigError, match="must be a mapping of key: value"):
         load(listing)
     floats = tmp_path / "floats.yaml"
     floats.write_text("beta: 1e-3\nalpha: 0\nnum_gpus_per_actor: auto\n")

@@ -26,7 +26,7 @@ METHODS = [
     ("momentum:PersistentMomentum", {}),
     ("local", {}),
     ("ditto", {}),
-    ("pfedme", {"pfedme_steps": 2}),
+    ("pfedme", {"pfedme.steps": 2}),
     ("fedrep", {"tau": 3}),
     ("fedavg-ft", {}),
 ]

@@ -57,9 +57,12 @@ def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_
     tables = {}
     for engine in ("fused", "vmap"):
         result = perfed_ray.simulate(
-            {**TINY, "algorithm": "reptile_fl:Reptile"}, on_path / engine, engine=engine
+            {**TINY, "algorithm": "reptile_fl:Reptile", "reptile": {"epsilon": 0.8}},
+            on_path / engine,
+            engine=engine,
         )
         assert result.table("runs")["status"].tolist() == ["finished"]
+        assert result.table("evals")["reptile.epsilon"].eq(0.8).all()  # its own column
         assert result.run_id.split("-")[2:4] == ["reptile_fl", "Reptile"]  # a plain folder
         assert set(result.table("runs")["engine"]) == {engine}
         tables[engine] = result.table("evals").sort_values(["round", "user", "draw"])
@@ -70,6 +73,16 @@ def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_
     )
     acc = tables["fused"].groupby("round")["acc_after"].mean()
     assert acc[6] > acc[0] + 0.1  # it learns
+
+
+def test_a_plugin_declares_validates_and_reads_its_own_settings(on_path):
+    reptile = from_mapping({"algorithm": "reptile_fl:Reptile", "reptile.epsilon": 0.2})
+    assert reptile.settings_of("algorithm") == {"epsilon": 0.2}
+    assert from_mapping({"algorithm": "reptile_fl:Reptile"}).to_dict()["reptile.epsilon"] == 0.5
+    with pytest.raises(ConfigError, match=r"reptile.epsilon = 2.0 is out of range"):
+        from_mapping({"algorithm": "reptile_fl:Reptile", "reptile": {"epsilon": 2}})
+    with pytest.raises(ConfigError, match=r"did you mean 'reptile.epsilon'"):
+        from_mapping({"algorithm": "reptile_fl:Reptile", "reptile.epsilom": 0.2})
 
 
 def test_unknown_names_and_bad_paths_are_one_line_errors(on_path):

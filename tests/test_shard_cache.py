@@ -24,7 +24,7 @@ GENERATED = {
     "beta": 0.05,
     "final_eval_draws": 2,
     "algorithm": "pfedme",  # per-user state beside the shards
-    "pfedme_steps": 2,
+    "pfedme.steps": 2,
 }
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from perfed_ray.algorithms.tree import Params, Scalar, sgd
+from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.config import RunConfig
@@ -67,11 +68,16 @@ class Algorithm:
     batches_per_step: ClassVar[int] = 1
     draws_per_step: ClassVar[int | None] = None
     personalise_batches: int = 1
+    # The method's own settings: the section of the configuration named after it
+    # (`fedrep: {head_epochs: 10}`), validated, listed by `perfed-ray keys`, stored as
+    # columns (`fedrep.head_epochs`) and sweepable; read them from `self.settings`.
+    settings: ClassVar[dict[str, Setting]] = {}
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.alpha = cfg.alpha
         self.beta = cfg.beta
+        self.settings: dict[str, Any] = cfg.settings_of("algorithm")
 
     # -- client side -------------------------------------------------------------------
     def init_user_state(self, server: Params) -> Params | None:

@@ -8,14 +8,17 @@ the round started from); then its copy of the global model takes a plain SGD ste
 FedAvg's would. The server averages the global copies (Algorithm 1's global update).
 Users are scored on v_k; a user that never trained starts from w^t.
 
-`ditto_lambda` defaults to 1, the value of the authors' run scripts; the personal and
+`ditto.lambda` defaults to 1, the value of the authors' run scripts; the personal and
 global steps share the step size beta, as in their code.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import sgd, tree_map
+from perfed_ray.settings import Setting
 
 
 class Ditto(Algorithm):
@@ -23,10 +26,15 @@ class Ditto(Algorithm):
 
     batches_per_step = 1
     draws_per_step = 3
+    settings: ClassVar[dict[str, Setting]] = {
+        "lambda": Setting(
+            1.0, "pull of each personal model towards the global one", low=0, legacy="ditto_lambda"
+        ),
+    }
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.lam = cfg.ditto_lambda
+        self.lam = self.settings["lambda"]
 
     def init_user_state(self, server):
         return server

@@ -4,16 +4,28 @@ Personalization", 2019) and Jiang et al. ("Improving Federated Learning
 Personalization via Model Agnostic Meta Learning", 2019), FL-bench's "FedAvg-FT".
 
 Training is FedAvg's exactly (same batches for one seed). One personalisation step
-is `finetune_steps` SGD steps of size alpha, each on a fresh batch of the user's
+is `fedavg-ft.finetune_steps` SGD steps of size alpha, each on a fresh batch of the user's
 training shard; with `finetune_steps: 1` the method is the paper's "FedAvg + update".
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from perfed_ray.algorithms.fedavg import FedAvg
+from perfed_ray.settings import Setting
 
 
 class FedAvgFT(FedAvg):
+    settings: ClassVar[dict[str, Setting]] = {
+        "finetune_steps": Setting(
+            10,
+            "SGD steps (size alpha) in one personalisation step",
+            low=1,
+            legacy="finetune_steps",
+        ),
+    }
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.personalise_batches = cfg.finetune_steps
+        self.personalise_batches = self.settings["finetune_steps"]

@@ -4,8 +4,8 @@ for Personalized Federated Learning", ICML 2021, Algorithm 1.
 The model is a shared body (the representation phi) and a head h_i per user (the last
 layer), which the user keeps on its actor between rounds. In a round a sampled user
 takes the server's body and its own head, first trains the head alone for
-tau - `fedrep_body_steps` steps (eq. 3's head update, body fixed), then the body alone
-for `fedrep_body_steps` steps (its body update, head fixed), both SGD of size beta on
+tau - `fedrep.body_steps` steps (eq. 3's head update, body fixed), then the body alone
+for `fedrep.body_steps` steps (its body update, head fixed), both SGD of size beta on
 D. The server averages the bodies. Users are scored on their own head over the
 server's body and personalise by training the head alone (step size alpha), as the
 paper adapts new clients (Section 5.2).
@@ -24,11 +24,14 @@ FedAvg's does.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.errors import ConfigError
+from perfed_ray.settings import Setting
 
 
 def head_keys(params: Params) -> list[str]:
@@ -43,15 +46,24 @@ class FedRep(Algorithm):
 
     batches_per_step = 1
     draws_per_step = 3
+    settings: ClassVar[dict[str, Setting]] = {
+        "body_steps": Setting(
+            1,
+            "local steps on the body, after tau minus these on the head",
+            low=1,
+            legacy="fedrep_body_steps",
+        ),
+    }
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        if cfg.fedrep_body_steps > cfg.tau:
+        body = self.settings["body_steps"]
+        if body > cfg.tau:
             raise ConfigError(
-                f"fedrep_body_steps = {cfg.fedrep_body_steps} exceeds tau = {cfg.tau}: "
+                f"fedrep.body_steps = {body} exceeds tau = {cfg.tau}: "
                 "a round has tau local steps, head steps first, then body steps"
             )
-        self.head_steps = cfg.tau - cfg.fedrep_body_steps
+        self.head_steps = cfg.tau - body
 
     def init_user_state(self, server):
         return {k: server[k] for k in head_keys(server)}

@@ -7,7 +7,7 @@ the global model. At every local step, on one batch D, theta takes K gradient st
 size `pfedme_lr` on that objective (plus the authors' weight decay mu = 0.001), from where
 it stood; then w <- w - beta lambda (w - theta). Theta starts each round from the global
 model, as in the authors' code. The server mixes: w <- (1 - beta_s) w + beta_s mean(w_i)
-(`pfedme_beta`). Users are scored on their last theta; a user that never trained starts
+(`pfedme.beta`). Users are scored on their last theta; a user that never trained starts
 from the global model.
 
 Defaults are the authors' for MNIST with the MLP (README of CharlieDinh/pFedMe):
@@ -18,8 +18,11 @@ aggregates the sampled ones, only sampled users train here (Algorithm 1 as writt
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import lerp, sgd, tree_map
+from perfed_ray.settings import Setting
 
 
 class PFedMe(Algorithm):
@@ -28,13 +31,39 @@ class PFedMe(Algorithm):
     batches_per_step = 1
     draws_per_step = 3
     mu = 0.001  # the authors' optimizer's weight decay on theta
+    settings: ClassVar[dict[str, Setting]] = {
+        "lambda": Setting(
+            15.0,
+            "Moreau-envelope regularisation lambda",
+            low=0,
+            low_open=True,
+            legacy="pfedme_lambda",
+        ),
+        "steps": Setting(
+            5, "steps K on the personalised model per local step", low=1, legacy="pfedme_steps"
+        ),
+        "personal_lr": Setting(
+            0.09,
+            "step size of those K steps (personal learning rate)",
+            low=0,
+            low_open=True,
+            legacy="pfedme_lr",
+        ),
+        "beta": Setting(
+            1.0,
+            "the server's mixing beta, w <- (1 - beta) w + beta mean",
+            low=0,
+            high=2,
+            legacy="pfedme_beta",
+        ),
+    }
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.lam = cfg.pfedme_lambda
-        self.inner_steps = cfg.pfedme_steps
-        self.inner_lr = cfg.pfedme_lr
-        self.mix = cfg.pfedme_beta
+        self.lam = self.settings["lambda"]
+        self.inner_steps = self.settings["steps"]
+        self.inner_lr = self.settings["personal_lr"]
+        self.mix = self.settings["beta"]
 
     def init_user_state(self, server):
         return server

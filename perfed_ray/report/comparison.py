@@ -18,14 +18,22 @@ import numpy as np
 import pandas as pd
 
 from perfed_ray.analysis import mean_ci95, read_runs, read_table
-from perfed_ray.config import FIELDS
+from perfed_ray.config import CORE, FIELDS, SECTIONED, section_name, spec
 from perfed_ray.errors import InputError
 from perfed_ray.registry import ALGORITHMS
 from perfed_ray.report.cells import MECHANICS
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
-METHOD_PREFIXES = ("ditto_", "pfedme_", "fedrep_")
-METHOD_KEYS = {"delta", "hf_delta", "finetune_steps"}
+# How a method is run, besides its own section's settings: part of the method's label,
+# not of the setting's.
+METHOD_KEYS = {
+    "delta",
+    "hf_delta",
+    "local_epochs",
+    "trained_users",
+    "sampling",
+    *SECTIONED,
+}
 # Published figures beside ours, where a setting matches a method's own paper:
 # {setting label: {method: (accuracy %, source)}}. pFedMe's: its personalised models'
 # test accuracy in the authors' results file for this setting (CharlieDinh/pFedMe,
@@ -35,13 +43,13 @@ PUBLISHED: dict[str, dict[str, tuple[float, str]]] = {
     "mnist: partition=labels, input_scale=standardize, n_users=20, fraction=0.25, tau=20, "
     "rounds=800, alpha=0.005, beta=0.005, batch_size=20, model=logreg, eval_every=100, "
     "personalise_steps=5": {
-        "pfedme (pfedme_lr=0.1)": (94.51, "authors' results file, personal models"),
+        "pfedme (pfedme.personal_lr=0.1)": (94.51, "authors' results file, personal models"),
     },
 }
 
 
 def _method_key(key: str) -> bool:
-    return key.startswith(METHOD_PREFIXES) or key in METHOD_KEYS
+    return "." in key or key in METHOD_KEYS
 
 
 def _setting_keys(runs: pd.DataFrame) -> list[str]:
@@ -68,12 +76,17 @@ def _label(values: pd.Series, keys: list[str]) -> str:
 
 def _method(run: pd.Series) -> str:
     """The algorithm, with its own knobs where they differ from the defaults."""
+    sections = {section_name(run[k]) for k in SECTIONED if k in run and isinstance(run[k], str)}
     own = [
         f"{k}={run[k]}"
-        for k in FIELDS
-        if _method_key(k) and k in run and run[k] != FIELDS[k].default
+        for k in run.index
+        if _method_key(k) and k not in SECTIONED and not pd.isna(run[k])
+        if k in CORE or k.partition(".")[0] in sections
+        if run[k] != spec(k).default
         if not (k in {"delta", "hf_delta"} and run["algorithm"] != "perfedavg-hf")
     ]
+    optimisers = [k for k in SECTIONED if k != "algorithm" and k in run]
+    own += [f"{k}={run[k]}" for k in optimisers if run[k] != CORE[k].default]
     return run["algorithm"] + (f" ({', '.join(own)})" if own else "")
 
 

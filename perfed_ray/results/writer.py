@@ -32,12 +32,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perfed_ray import faults
-from perfed_ray.config import FIELDS, RunConfig, base_type
+from perfed_ray.config import CORE, RunConfig
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
-CONFIG_SCHEMA = pa.schema([(name, _ARROW[base_type(f)]) for name, f in FIELDS.items()])
+CONFIG_SCHEMA = pa.schema([(name, _ARROW[s.type]) for name, s in CORE.items()])
+
+
+def config_schema(cfg: RunConfig) -> pa.Schema:
+    """A run's configuration columns: the core keys, then its components' settings
+    (``fedrep.head_epochs``), which only runs of that component have, typed by their
+    validated values."""
+    return pa.schema([*CONFIG_SCHEMA, *((k, _ARROW[type(v)]) for k, v in cfg.settings)])
 
 RUNS_SCHEMA = pa.schema(
     [
@@ -160,6 +167,7 @@ class RunWriter:
         self.out = Path(out)
         self.run_id = run_id
         self.config = cfg.to_dict()
+        self.config_schema = config_schema(cfg)
         self.buffers: dict[str, list[pa.Table]] = {name: [] for name in APPENDED}
         # What each table's file holds, kept so that a flush appends without reading it back.
         self.written: dict[str, pa.Table | None] = dict.fromkeys(APPENDED)
@@ -206,9 +214,10 @@ class RunWriter:
         row: a million users' evaluation stays arrays)."""
         own = self._own(name, rows)  # run_id: the folder
         config = [
-            pa.repeat(pa.scalar(self.config[f.name], f.type), own.num_rows) for f in CONFIG_SCHEMA
+            pa.repeat(pa.scalar(self.config[f.name], f.type), own.num_rows)
+            for f in self.config_schema
         ]
-        schema = pa.unify_schemas([CONFIG_SCHEMA, TABLES[name]])
+        schema = pa.unify_schemas([self.config_schema, TABLES[name]])
         return pa.Table.from_arrays([*config, *own.columns], schema=schema)
 
     def _write(self, table: pa.Table, path: Path) -> None:

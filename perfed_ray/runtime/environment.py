@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import cloudpickle
 
-from perfed_ray.config import FIELDS, RunConfig
+from perfed_ray.config import CORE, RunConfig
 from perfed_ray.registry import REGISTRIES, is_dotted
 
 Components = dict[str, Any]  # configuration key -> the component it names
@@ -32,8 +32,8 @@ def _foreign(cfg: RunConfig) -> dict[str, str]:
     """Registry keys whose value is not a built-in name: key -> name."""
     return {
         key: getattr(cfg, key)
-        for key, f in FIELDS.items()
-        if f.metadata["registry"]
+        for key, s in CORE.items()
+        if s.registry
         and isinstance(getattr(cfg, key), str)
         and getattr(cfg, key) not in REGISTRIES[key].builtins
     }

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from perfed_ray import config as configuration
-from perfed_ray.config import FIELDS, RunConfig, base_type
+from perfed_ray.config import CORE, RunConfig, base_type, flatten, legacy_keys
 from perfed_ray.errors import ConfigError
 from perfed_ray.runtime.checkpoint import SAFE_ID
 from perfed_ray.runtime.placement import bundles, plan
@@ -103,7 +103,9 @@ class Sweep:
     @functools.cached_property
     def varied(self) -> list[str]:
         """The configuration keys whose values differ between trials."""
-        return [k for k in FIELDS if len({getattr(t, k) for t in self.trials}) > 1]
+        values = [t.to_dict() for t in self.trials]
+        keys = dict.fromkeys(k for v in values for k in v)
+        return [k for k in keys if len({v.get(k) for v in values}) > 1]
 
     def run_id(self, index: int) -> str:
         """Trial `index`'s run id: the same whenever the sweep runs or resumes."""
@@ -155,10 +157,11 @@ class _File:
         return value
 
     def keys(self, section: str, values: Iterable[str]) -> None:
-        """Every key must be a configuration key."""
+        """Every key must be a configuration key: a core one, a component's setting
+        (dotted: checked with the trial's components), or an older name of one."""
         for key in values:
-            if key not in FIELDS:
-                close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            if key not in CORE and "." not in str(key) and key not in legacy_keys():
+                close = difflib.get_close_matches(str(key), CORE, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.error(
                     section, f"unknown configuration key {key!r}{hint}; see `perfed-ray keys`"
@@ -231,7 +234,7 @@ def _grid(file: _File, grid: Any) -> list[dict[str, Any]]:
         return [{}]
     points = []
     for part in grid if isinstance(grid, list) else [grid]:
-        part = file.mapping("grid", part)
+        part = flatten(file.mapping("grid", part))
         file.keys("grid", part)
         for key, values in part.items():
             if not isinstance(values, list) or not values:
@@ -287,7 +290,7 @@ def _samples(file: _File, sample: Any) -> list[dict[str, Any]]:
                 lo, hi = (math.log(v) for v in spec) if kind == "loguniform" else spec
                 value = lo + float(x) * (hi - lo)
                 value = math.exp(value) if kind == "loguniform" else value
-                value = round(value) if base_type(FIELDS[key]) is int else value
+                value = round(value) if base_type(key) is int else value
             point[key] = value
         points.append(point)
     return points
@@ -299,7 +302,7 @@ def _axis(file: _File, kind: str, key: str, spec: Any) -> list[Any]:
         if not isinstance(spec, list) or not spec:
             raise file.error(section, f"{key} must be a non-empty list of values")
         return spec
-    if base_type(FIELDS[key]) not in (int, float):
+    if base_type(key) not in (int, float):
         raise file.error(section, f"{key} is not a number: sample it with choice")
     if not isinstance(spec, list) or len(spec) != 2:
         raise file.error(section, f"{key} must be [low, high]")
@@ -324,7 +327,7 @@ def _seeds(file: _File, seeds: Any) -> list[dict[str, Any]]:
 def _trials(file: _File, doc: dict[str, Any], overrides: dict[str, Any]) -> tuple[RunConfig, ...]:
     """Every trial's validated configuration: base < config < grid, sample, seeds <
     overrides. A key may be varied by one axis only, and fixed keys may not be varied."""
-    common = file.mapping("config", doc.get("config"))
+    common = flatten(file.mapping("config", doc.get("config")))
     file.keys("config", common)
     file.keys("--set", overrides)
     axes = [

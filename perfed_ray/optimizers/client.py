@@ -1,0 +1,81 @@
+"""Client optimisers: the update rule of a method's local steps, as pure tree arithmetic.
+
+An optimiser's state is a tree carried in the round's local state, so the same rule
+runs for one user, under `vmap` and for users stacked along a leading axis (the fused
+engine), where a per-user step size is a [U] tensor (:func:`perfed_ray.algorithms.tree.per_user`).
+Whether the state lives for one round (PyTorch's `optimizer = SGD(...)` inside a
+client's `train()`, as FedRep's and Ditto's authors write it) or is kept per user
+across rounds is the method's choice: it keeps the state in its per-user state, or not.
+
+Plain SGD with no momentum and no weight decay keeps no state and is exactly
+``w - lr g``, so the fused engine's fastest path is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from perfed_ray.algorithms.tree import Params, Scalar, sgd, tree_map
+from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config import RunConfig
+
+
+class ClientOptimizer:
+    """The update ``(w, g, state) -> (w', state')`` with step size `lr`. Subclass it and
+    name the class in the configuration (`client_optimizer: mypkg.opt:Lion`) to use
+    your own; its `settings` become the section of that name."""
+
+    settings: ClassVar[dict[str, Setting]] = {}
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.options: dict[str, Any] = cfg.settings_of("client_optimizer")
+
+    def init(self, params: Params) -> Params:
+        """The state before the first step ({} for a stateless rule)."""
+        return {}
+
+    def step(
+        self, params: Params, grad: Params, state: Params, lr: Scalar
+    ) -> tuple[Params, Params]:
+        raise NotImplementedError
+
+
+class SGD(ClientOptimizer):
+    """PyTorch's `torch.optim.SGD` (dampening 0): g <- g + wd w; with momentum mu,
+    b <- mu b + g (b = g at the first step) and the step takes b, or g + mu b with
+    Nesterov; w <- w - lr g."""
+
+    settings: ClassVar[dict[str, Setting]] = {
+        "momentum": Setting(0.0, "heavy-ball momentum mu (0: none)", low=0, high=1),
+        "weight_decay": Setting(0.0, "L2 weight decay added to the gradient", low=0),
+        "nesterov": Setting(False, "Nesterov momentum (needs momentum > 0)"),
+    }
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg)
+        self.momentum = self.options["momentum"]
+        self.weight_decay = self.options["weight_decay"]
+        self.nesterov = self.options["nesterov"]
+
+    def init(self, params: Params) -> Params:
+        if not self.momentum:
+            return {}
+        return {"buffer": tree_map(torch.zeros_like, params), "started": torch.zeros(())}
+
+    def step(self, params, grad, state, lr):
+        if self.weight_decay:
+            grad = tree_map(lambda g, w: g + self.weight_decay * w, grad, params)
+        if not self.momentum:
+            return sgd(params, grad, lr), state
+        # b_1 = g_1 (PyTorch's first step), then b_t = mu b_{t-1} + g_t.
+        mu = self.momentum * state["started"]
+        buffer = tree_map(lambda b, g: mu * b + g, state["buffer"], grad)
+        direction = (
+            tree_map(lambda g, b: g + self.momentum * b, grad, buffer) if self.nesterov else buffer
+        )
+        return sgd(params, direction, lr), {"buffer": buffer, "started": torch.ones(())}

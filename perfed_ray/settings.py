@@ -1,0 +1,125 @@
+"""What a configuration value may be, declared once and used for validation, the docs
+(`perfed-ray keys`, the README's table) and the Parquet column types.
+
+The core keys of :class:`perfed_ray.config.RunConfig` are declared with a
+:class:`Setting` each, and so is every setting of a component (an algorithm, a server
+or client optimiser, a user's own), in the component's ``settings`` mapping:
+
+    class FedRep(Algorithm):
+        settings = {"head_epochs": Setting(10, "local epochs on the head", low=0)}
+
+A component's settings live in its own section of the configuration, named after
+it (``fedrep: {head_epochs: 10}``, ``--set fedrep.head_epochs=10``, a runs-table
+column ``fedrep.head_epochs``), so a plug-in declares, validates and sweeps its own
+knobs exactly as the built-in methods do. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from perfed_ray.errors import ConfigError
+
+KINDS = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration value: its default, a one-line meaning, and what it allows.
+
+    `kind` is the type (inferred from the default when it is not None); `auto` values
+    also accept the word `word` (stored as None: chosen at run time); `registry` values
+    name a component of the registry under the same key; `legacy` is the flat key an
+    older perfed-ray used for it, still read from old files."""
+
+    default: Any
+    help: str
+    kind: type | None = None
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    auto: bool = False
+    word: str = "auto"
+    registry: bool = False
+    legacy: str | None = None
+
+    @property
+    def type(self) -> type:
+        if self.kind is not None:
+            return self.kind
+        if self.default is None:
+            raise TypeError("a Setting whose default is None needs kind=")
+        return type(self.default)
+
+    def coerce(self, key: str, value: Any) -> Any:
+        """`value` checked for type, range and choices, in its canonical form; a
+        ConfigError naming `key` and what it allows otherwise."""
+        if self.auto and (value is None or value == self.word):
+            return None
+        kind = self.type
+        if self.registry and isinstance(value, str):
+            from perfed_ray.registry import REGISTRIES
+
+            REGISTRIES[key].check(value)
+            return value
+        bad = ConfigError(f"{key} = {value!r} is not allowed: {self.describe(key)}")
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise bad
+            return value
+        if kind is str:
+            if not isinstance(value, str) or (self.choices and value not in self.choices):
+                raise bad
+            return value
+        if isinstance(value, bool):
+            raise bad
+        if kind is int:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not isinstance(value, int):
+                raise bad
+        else:
+            if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise bad from None
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad
+            value = float(value)
+        too_low = self.low is not None and (
+            value <= self.low if self.low_open else value < self.low
+        )
+        if too_low or (self.high is not None and value > self.high):
+            raise ConfigError(f"{key} = {value!r} is out of range: {self.describe(key)}")
+        return value
+
+    def describe(self, key: str) -> str:
+        """What the value accepts, in words, for error messages and the docs."""
+        kind = self.type
+        if self.registry:
+            from perfed_ray.registry import REGISTRIES
+
+            text = REGISTRIES[key].describe()
+        elif self.choices:
+            text = "one of " + ", ".join(self.choices)
+        elif kind is bool:
+            text = "true or false"
+        elif kind is str:
+            text = "a string"
+        else:
+            noun = "an integer" if kind is int else "a number"
+            low, high = self.low, self.high
+            if low is not None and high is not None:
+                text = f"{noun} in {'(' if self.low_open else '['}{low:g}, {high:g}]"
+            elif low is not None:
+                text = f"{noun} {'>' if self.low_open else '>='} {low:g}"
+            else:
+                text = noun
+        return text + (f" or {self.word}" if self.auto else "")
+
+    def shown_default(self) -> str:
+        return self.word if self.auto and self.default is None else repr(self.default)

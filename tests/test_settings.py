@@ -1,0 +1,60 @@
+"""Components declare their own settings: sections of the configuration, validated
+like the core keys, stored as columns, listed by `perfed-ray keys`, sweepable."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfed_ray.config import ConfigError, from_mapping, load, reference
+from perfed_ray.registry import ALGORITHMS
+
+
+def test_a_section_a_dotted_key_and_a_set_override_are_the_same_setting(tmp_path):
+    nested = from_mapping({"algorithm": "ditto", "ditto": {"lambda": 0.3}})
+    dotted = from_mapping({"algorithm": "ditto", "ditto.lambda": 0.3})
+    file = tmp_path / "c.yaml"
+    file.write_text("algorithm: ditto\nditto:\n  lambda: 0.7\n")
+    overridden = load(file, ["ditto.lambda=0.3"])
+    assert nested == dotted == overridden
+    assert nested.settings_of("algorithm") == {"lambda": 0.3}
+    assert nested.to_dict()["ditto.lambda"] == 0.3
+    assert ALGORITHMS.load("ditto")(nested).lam == 0.3
+
+
+def test_the_chosen_components_settings_are_filled_in_and_others_dropped():
+    cfg = from_mapping({"algorithm": "fedavg", "ditto": {"lambda": 0.3}})
+    assert "ditto.lambda" not in cfg.to_dict()
+    assert cfg.to_dict()["sgd.momentum"] == 0.0  # the client optimiser's own
+    pfedme = from_mapping({"algorithm": "pfedme"}).to_dict()
+    assert pfedme["pfedme.lambda"] == 15.0 and pfedme["pfedme.steps"] == 5
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"algorithm": "ditto", "ditto.lamda": 1}, "'ditto.lamda' (did you mean 'ditto.lambda'?)"),
+        ({"algorithm": "pfedme", "pfedme": {"steps": 0}}, "pfedme.steps = 0 is out of range"),
+        ({"algorithm": "ditto", "ditto.lambda": "big"}, "ditto.lambda = 'big' is not allowed"),
+        ({"dito": {"lambda": 1}}, "unknown configuration key 'dito.lambda'"),
+        ({"sgd.momentum": 1.5}, "sgd.momentum = 1.5 is out of range: a number in [0, 1]"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it(values, message):
+    with pytest.raises(ConfigError) as err:
+        from_mapping(values)
+    assert message in str(err.value)
+
+
+def test_older_flat_keys_still_load_as_the_methods_settings():
+    cfg = from_mapping({"algorithm": "pfedme", "pfedme_lr": 0.1, "ditto_lambda": 2.0})
+    assert cfg.settings_of("algorithm")["personal_lr"] == 0.1
+    assert "ditto.lambda" not in cfg.to_dict()  # another method's: checked, then dropped
+    assert from_mapping(cfg.to_dict()) == cfg
+
+
+def test_keys_lists_each_methods_settings_under_its_name():
+    rows = {key: meaning for key, _, _, meaning in reference()}
+    assert rows["fedrep.body_steps"].startswith("algorithm fedrep: ")
+    assert rows["pfedme.personal_lr"].startswith("algorithm pfedme: ")
+    assert rows["sgd.momentum"].startswith("client_optimizer sgd: ")
+    assert "ditto_lambda" not in rows
