@@ -240,5 +240,5 @@ def test_fedavg_ft_trains_as_fedavg_and_fine_tunes_on_each_of_its_batches(proble
 def test_fedrep_rejects_more_body_steps_than_tau():
     from perfed_ray.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="fedrep.body_steps = 5 exceeds tau = 4"):
+    with pytest.raises(ConfigError, match=r"fedrep\.body_steps = 5 exceeds tau = 4"):
         _algorithm("fedrep", tau=4, fedrep={"body_steps": 5})

@@ -46,6 +46,7 @@ def config_schema(cfg: RunConfig) -> pa.Schema:
     validated values."""
     return pa.schema([*CONFIG_SCHEMA, *((k, _ARROW[type(v)]) for k, v in cfg.settings)])
 
+
 RUNS_SCHEMA = pa.schema(
     [
         ("status", pa.string()),  # running, finished, failed, diverged, interrupted, stopped
