@@ -226,6 +226,10 @@ SERVER_OPTIMIZERS = Registry(
     "server_optimizer",
     {
         "mean": "perfed_ray.optimizers.server:Mean",
+        "fedavgm": "perfed_ray.optimizers.server:FedAvgM",
+        "fedadagrad": "perfed_ray.optimizers.server:FedAdagrad",
+        "fedadam": "perfed_ray.optimizers.server:FedAdam",
+        "fedyogi": "perfed_ray.optimizers.server:FedYogi",
     },
     group="perfed_ray.server_optimizers",
     base="perfed_ray.optimizers.server:ServerOptimizer",

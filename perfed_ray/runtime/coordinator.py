@@ -167,8 +167,8 @@ class Coordinator:
 
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them: the
-        global model and every user's per-user state, fetched from the actors (for
-        methods that keep one: others cost no call)."""
+        global model, the server optimiser's state and every user's per-user state,
+        fetched from the actors (for methods that keep one: others cost no call)."""
         self.writer.flush()
         states = {}
         if self.server.stateful:
@@ -183,6 +183,7 @@ class Coordinator:
                 self.wall_seconds(),
                 self.last_accuracy,
                 states,
+                self.server.state,
             )
         )
 

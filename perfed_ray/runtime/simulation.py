@@ -274,7 +274,7 @@ def run(
         writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(record)
     template = params_of(model)
-    server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg)
+    strategy = STRATEGIES.load(cfg.strategy)(cfg)
     row = {
         "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
@@ -291,6 +291,8 @@ def run(
     pool = coordinator = None
     try:
         while True:
+            # The server's optimiser state goes back to the checkpoint with the model.
+            server = Server(cfg, template, checkpoint.server_state if checkpoint else None)
             pool = ActorPool(
                 placement.blocks,
                 actor_factory(prepared, placement, checkpoint, group),

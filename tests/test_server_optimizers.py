@@ -1,0 +1,235 @@
+"""Server optimisers (Reddi et al. 2021, Algorithm 2; Hsu et al. 2019) against the
+formulas written out on flat vectors, a user's own one by dotted path, and their state
+in checkpoints: a FedAdam run killed and resumed, or rolled back when an actor holding
+per-user state dies, gives the rows of a run left alone."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import run_cli
+
+import perfed_ray
+from perfed_ray.analysis import OUTCOME, outcome
+from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
+from perfed_ray.server import Server
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+W0 = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32)
+# The users' mean model in three rounds: moves of different sizes and signs, one
+# coordinate that never moves.
+AGGREGATES = [
+    np.array([1.5, -1.2, 2.0, 0.0], dtype=np.float32),
+    np.array([1.0, -0.4, 1.0, 0.0], dtype=np.float32),
+    np.array([3.0, -0.5, 1.2, 0.0], dtype=np.float32),
+]
+
+
+def _server(values, state=None) -> Server:
+    cfg = from_mapping({"algorithm": "fedavg", **values})
+    return Server(cfg, {"w": torch.zeros(len(W0))}, state)
+
+
+def _rounds(server: Server, aggregates=AGGREGATES) -> list[np.ndarray]:
+    """The global model after each round, each aggregate reported as a sum over 2 users."""
+    w, out = W0, []
+    for a in aggregates:
+        w = server.next_model(w, 2.0 * a.astype(np.float64), 2.0)
+        out.append(w)
+    return out
+
+
+def _close(got, expected) -> None:
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-7)
+
+
+def test_fedavgm_is_heavy_ball_on_the_pseudo_gradient():
+    got = _rounds(_server({"server_optimizer": "fedavgm", "fedavgm": {"lr": 0.7}}))
+    w, b, expected = W0, 0.0, []
+    for a in AGGREGATES:
+        delta = a.astype(np.float64) - w
+        b = 0.9 * b + delta  # b_1 = Delta_1
+        w = np.float32(w + 0.7 * b)
+        expected.append(w)
+    _close(got, expected)
+
+
+@pytest.mark.parametrize("name", ["fedadagrad", "fedadam", "fedyogi"])
+def test_adaptive_optimisers_follow_algorithm_2(name):
+    lr, b1, b2, tau = 0.05, 0.8, 0.9, 0.01
+    values = {"lr": lr, "beta1": b1, "tau": tau} | ({} if name == "fedadagrad" else {"beta2": b2})
+    got = _rounds(_server({"server_optimizer": name, name: values}))
+    w, m, v, expected = W0, 0.0, tau**2, []  # m_{-1} = 0, v_{-1} = tau^2
+    for a in AGGREGATES:
+        delta = a.astype(np.float64) - w
+        m = b1 * m + (1 - b1) * delta
+        if name == "fedadagrad":
+            v = v + delta**2
+        elif name == "fedadam":
+            v = b2 * v + (1 - b2) * delta**2
+        else:
+            v = v - (1 - b2) * delta**2 * np.sign(v - delta**2)
+        w = np.float32(w + lr * m / (np.sqrt(v) + tau))
+        expected.append(w)
+    _close(got, expected)
+
+
+def test_fedadam_first_round_by_hand_and_yogi_lowers_v_by_a_bounded_step():
+    """One coordinate, Delta = 1: m = 0.1, v = 0.99 tau^2 + 0.01, a step of
+    eta m / (sqrt(v) + tau), about eta; a still coordinate does not move. Yogi's v
+    then meets a smaller Delta^2 and falls by (1 - beta_2) Delta^2, not Adam's
+    (1 - beta_2) (v - Delta^2)."""
+    server = _server({"server_optimizer": "fedadam"})
+    [w] = _rounds(server, AGGREGATES[:1])
+    v = 0.99 * 1e-6 + 0.01
+    assert w[0] == pytest.approx(0.5 + 0.01 * 0.1 / (np.sqrt(v) + 1e-3), rel=1e-6)
+    assert w[3] == 0.0
+    expected_v = [v, 0.99e-6 + 0.01 * 0.04, 0.99e-6, 0.99e-6]
+    np.testing.assert_allclose(server.state["v"], expected_v, rtol=1e-5)
+    yogi = _server({"server_optimizer": "fedyogi"})
+    [w] = _rounds(yogi, AGGREGATES[:1])
+    v1 = yogi.state["v"][0]
+    assert v1 == pytest.approx(1e-6 + 0.01)
+    target = w + np.float32(0.05)
+    yogi.next_model(w, target.astype(np.float64), 1.0)
+    delta = np.float64(target[0]) - np.float64(w[0])  # 0.05 as float32 arithmetic has it
+    assert yogi.state["v"][0] == pytest.approx(v1 - 0.01 * delta**2, rel=1e-12)
+
+
+def test_the_target_is_the_methods_server_update_of_the_aggregate():
+    """pFedMe's server mixes w <- w + beta (mean - w); FedAvgM with lr 1 and no momentum
+    then is that rule itself, and FedAdam's Delta is the mixed move."""
+    mixed = {"algorithm": "pfedme", "pfedme": {"beta": 0.5}}
+    template = {"w": torch.zeros(len(W0))}
+    plain = Server(from_mapping(mixed), template)
+    momentumless = Server(
+        from_mapping({**mixed, "server_optimizer": "fedavgm", "fedavgm.momentum": 0.0}),
+        template,
+    )
+    total = AGGREGATES[0].astype(np.float64)
+    expected = W0 + 0.5 * (AGGREGATES[0] - W0)
+    np.testing.assert_allclose(plain.next_model(W0, total, 1.0), expected, rtol=1e-6)
+    np.testing.assert_allclose(momentumless.next_model(W0, total, 1.0), expected, rtol=1e-6)
+    adam = Server(from_mapping({**mixed, "server_optimizer": "fedadam"}), template)
+    adam.next_model(W0, total, 1.0)
+    np.testing.assert_allclose(adam.state["m"], 0.1 * (expected - W0), rtol=1e-6)
+
+
+def test_a_users_own_server_optimiser_is_named_by_dotted_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    server = _server({"server_optimizer": "halfway:Halfway", "halfway": {"share": 0.25}})
+    got = _rounds(server)
+    w = W0
+    for a, g in zip(AGGREGATES, got, strict=True):
+        w = np.float32(w + 0.25 * (a - w))
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert server.state["rounds"].tolist() == [3.0]
+    with pytest.raises(ConfigError, match=r"halfway.share = 2.0 is out of range"):
+        from_mapping({"server_optimizer": "halfway:Halfway", "halfway.share": 2})
+    with pytest.raises(ConfigError, match=r"not a subclass of perfed_ray.optimizers.server.Serv"):
+        from_mapping({"server_optimizer": "halfway:Setting"})
+
+
+def test_checkpoints_keep_the_server_state_and_older_ones_still_load(tmp_path):
+    store = RunStore(tmp_path, "r")
+    store.folder.mkdir(parents=True)
+    state = {"m": np.arange(4.0), "v": np.full(4, 0.5)}
+    store.save(Checkpoint(3, W0, {"rounds": 3}, 1.0, None, {}, state))
+    loaded = store.load()
+    assert set(loaded.server_state) == {"m", "v"}
+    for k, v in state.items():
+        np.testing.assert_array_equal(loaded.server_state[k], v)
+        assert loaded.server_state[k].dtype == np.float64
+    resumed = _server({"server_optimizer": "fedadam"}, loaded.server_state)
+    np.testing.assert_array_equal(resumed.state["v"], state["v"])
+
+    # A checkpoint from before server optimisers kept state: no server arrays.
+    meta = '{"round": 3, "rows": {}, "wall_seconds": 1.0, "accuracy": null}'
+    with open(store.folder / "checkpoint.npz", "wb") as file:
+        np.savez(file, weights=W0, meta=np.array(meta))
+    old = store.load()
+    assert old.server_state == {} and old.round == 3
+    fresh = _server({"server_optimizer": "fedadam"}, old.server_state)
+    np.testing.assert_array_equal(fresh.state["v"], np.full(4, 1e-6))  # the initial v
+
+
+RUN = {
+    "dataset": "gaussian",
+    "n_users": 6,
+    "fraction": 0.5,
+    "rounds": 7,
+    "tau": 2,
+    "beta": 0.2,
+    "eval_every": 2,
+    "checkpoint_every": 3,
+    "final_eval_draws": 2,
+    "users_per_actor": 3,
+    "server_optimizer": "fedadam",
+    "fedadam": {"lr": 0.05},
+}
+
+
+def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
+    got = outcome(out)
+    if not got["events"].empty:  # the roll-back's record is the only event
+        assert set(got["events"]["kind"]) == {"actor-died"}
+        got["events"] = expected["events"]
+    for name in OUTCOME:
+        pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
+
+
+@pytest.mark.slow
+def test_a_fedadam_run_killed_and_resumed_gives_the_same_rows(ray_session, tmp_path):
+    reference = tmp_path / "reference"
+    perfed_ray.simulate({**RUN, "algorithm": "fedavg"}, reference)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**RUN, "algorithm": "fedavg"}))
+    out = tmp_path / "results"
+    address = ray_session.get_runtime_context().gcs_address
+    # Killed in round 5: the checkpoint after round 3 holds moments that round 4 moved on.
+    killed = run_cli([str(config), "--out", str(out)], address, fault="driver-round@5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [run_dir] = (out / "checkpoints").iterdir()
+    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    assert saved.round == 3 and set(saved.server_state) == {"m", "v"}
+    assert np.abs(saved.server_state["m"]).max() > 0
+    done = run_cli(["--resume", str(run_dir)], address)
+    assert done.returncode == 0, done.stderr
+    _assert_same(out, outcome(reference))
+
+
+@pytest.mark.slow
+def test_the_server_state_rolls_back_with_the_model(ray_session, tmp_path, monkeypatch):
+    """Ditto keeps per-user state, so an actor dying in round 5 rolls every actor back
+    to the checkpoint of round 3; FedAdam's moments must go back there too."""
+    values = {**RUN, "algorithm": "ditto", "engine": "fused"}
+    perfed_ray.simulate(values, tmp_path / "reference")
+    monkeypatch.setenv("PERFED_FAULT", "actor@5")  # actor 0 SIGKILLs itself in round 5
+    perfed_ray.simulate(values, tmp_path / "rolled")
+    _assert_same(tmp_path / "rolled", outcome(tmp_path / "reference"))
+    died = pd.read_parquet(tmp_path / "rolled" / "events").query("kind == 'actor-died'")
+    assert died[["round", "actor"]].values.tolist() == [[5, 0]]
+    assert "rolled back to the checkpoint of round 3" in died["detail"].iloc[0]
+
+
+@pytest.mark.slow
+def test_a_users_own_server_optimiser_runs_and_its_state_is_checkpointed(
+    ray_session, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    values = {**RUN, "algorithm": "fedavg", "rounds": 3, "server_optimizer": "halfway:Halfway"}
+    del values["fedadam"]
+    result = perfed_ray.simulate({**values, "halfway": {"share": 0.25}}, tmp_path)
+    assert result.table("runs")["status"].tolist() == ["finished"]
+    assert result.table("rounds")["halfway.share"].eq(0.25).all()  # its own column
+    saved = RunStore(tmp_path, result.run_id).load()
+    assert saved.server_state["rounds"].tolist() == [3.0]
