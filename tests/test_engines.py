@@ -98,6 +98,27 @@ def test_compiled_fused_matches_sequential_for_several_block_sizes(tmp_path, mon
         )
 
 
+def test_inner_is_one_number_per_user_on_both_ops():
+    from perfed_ray.engines.functional import FunctionalOps
+    from perfed_ray.engines.stacked import StackedOps
+
+    model = build_model("mlp", (1, 28, 28), 10, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (
+        {k: torch.randn(3, *v.shape, generator=gen) for k, v in params_of(model).items()}
+        for _ in range(2)
+    )
+    got = StackedOps(chain_of(model)).inner(a, b)
+    assert got.shape == (3,)
+    for u in range(3):
+        one = FunctionalOps(model).inner(
+            {k: v[u] for k, v in a.items()}, {k: v[u] for k, v in b.items()}
+        )
+        by_hand = sum(float((a[k][u] * b[k][u]).sum()) for k in a)
+        torch.testing.assert_close(got[u], one)
+        assert float(one) == pytest.approx(by_hand, rel=1e-5)
+
+
 def test_fast_elu_is_elu():
     z = torch.linspace(-20, 20, 10001)
     torch.testing.assert_close(elu(z), torch.nn.functional.elu(z), rtol=0, atol=2e-7)

@@ -50,6 +50,10 @@ class ModelOps(Protocol):
         """grad f(w + step v; D) - grad f(w - step v; D) (an engine may share work
         between the two)."""
 
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        """<a, b>, the inner product of two whole trees (per user: a scalar for one
+        user, [U] for users stacked along a leading axis)."""
+
     def norm(self, tree: Params) -> torch.Tensor:
         """The Euclidean norm of a whole tree (per user)."""
 

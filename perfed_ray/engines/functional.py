@@ -41,5 +41,9 @@ class FunctionalOps:
         minus = self.grad(axpy(params, v, -step), batch)
         return sub(plus, minus)
 
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
+        return sum((x * y).sum() for x, y in pairs)
+
     def norm(self, tree: Params) -> torch.Tensor:
-        return torch.sqrt(sum((v * v).sum() for v in pytree.tree_leaves(tree)))
+        return torch.sqrt(self.inner(tree, tree))

@@ -156,6 +156,9 @@ class StackedOps:
         self._first_layer(diff, dzs[0] - dzs[1], x)
         return {k: diff[k] for k in params}
 
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
+        return sum((x * y).flatten(1).sum(1) for x, y in pairs)
+
     def norm(self, tree: Params) -> torch.Tensor:
-        leaves = pytree.tree_leaves(tree)
-        return torch.sqrt(sum((v * v).flatten(1).sum(1) for v in leaves))
+        return torch.sqrt(self.inner(tree, tree))
