@@ -360,6 +360,16 @@ def spec(key: str, sections: Mapping[str, tuple[str, str]] | None = None) -> Set
     return declared(registry_key, component)[name]
 
 
+def component_settings(cfg: RunConfig) -> dict[str, Setting]:
+    """The settings declared by the components `cfg` names (its algorithm and
+    optimisers, a user's own included), by dotted key (``fedrep.body_steps``)."""
+    return {
+        f"{section_name(getattr(cfg, key))}.{name}": s
+        for key in SECTIONED
+        for name, s in declared(key, getattr(cfg, key)).items()
+    }
+
+
 def _legacy(sections: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     return {
         s.legacy: f"{section}.{name}"
@@ -424,11 +434,7 @@ def from_mapping(values: Mapping[str, Any]) -> RunConfig:
         if name not in owner:
             raise _unknown(key, [f"{section}.{n}" for n in owner])
         given[key] = owner[name].coerce(key, value)
-    settings = {
-        f"{section}.{name}": given.get(f"{section}.{name}", s.default)
-        for section, (key, component) in chosen.items()
-        for name, s in declared(key, component).items()
-    }
+    settings = {k: given.get(k, s.default) for k, s in component_settings(cfg).items()}
     cfg = dataclasses.replace(cfg, settings=tuple(sorted(settings.items())))
     _check_combination(cfg)
     return cfg

@@ -58,3 +58,15 @@ def test_keys_lists_each_methods_settings_under_its_name():
     assert rows["pfedme.personal_lr"].startswith("algorithm pfedme: ")
     assert rows["sgd.momentum"].startswith("client_optimizer sgd: ")
     assert "ditto_lambda" not in rows
+
+
+def test_an_auto_setting_is_a_column_of_its_declared_type():
+    """`apfl.alpha_lr: beta` is stored as None: a null in a float column."""
+    import pyarrow as pa
+
+    from perfed_ray.results.writer import config_schema
+
+    cfg = from_mapping({"algorithm": "apfl"})
+    assert cfg.to_dict()["apfl.alpha_lr"] is None
+    assert from_mapping({"algorithm": "apfl", "apfl.alpha_lr": "beta"}) == cfg
+    assert config_schema(cfg).field("apfl.alpha_lr").type == pa.float64()

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from perfed_ray import faults
-from perfed_ray.config import CORE, RunConfig
+from perfed_ray.config import CORE, RunConfig, component_settings
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -43,8 +43,9 @@ CONFIG_SCHEMA = pa.schema([(name, _ARROW[s.type]) for name, s in CORE.items()])
 def config_schema(cfg: RunConfig) -> pa.Schema:
     """A run's configuration columns: the core keys, then its components' settings
     (``fedrep.head_epochs``), which only runs of that component have, typed by their
-    validated values."""
-    return pa.schema([*CONFIG_SCHEMA, *((k, _ARROW[type(v)]) for k, v in cfg.settings)])
+    declarations (an `auto` value is None: a null of the setting's type)."""
+    declared = component_settings(cfg)
+    return pa.schema([*CONFIG_SCHEMA, *((k, _ARROW[declared[k].type]) for k, _ in cfg.settings)])
 
 
 RUNS_SCHEMA = pa.schema(
