@@ -242,3 +242,74 @@ def test_fedrep_rejects_more_body_steps_than_tau():
 
     with pytest.raises(ConfigError, match=r"fedrep\.body_steps = 5 exceeds tau = 4"):
         _algorithm("fedrep", tau=4, fedrep={"body_steps": 5})
+
+
+def test_fedprox_is_sgd_on_the_proximal_objective_and_fedavg_without_its_pull(problem):
+    """Two steps written out: w <- w - beta (grad f(w; D) + mu (w - w^t)), w^t the
+    round's start; with mu = 0, FedAvg's steps; the user keeps no state."""
+    ops, w0, (d, d1, d2) = problem
+    steps = [(d, d1, d2), (d1, d2, d)]
+    fedprox = _algorithm("fedprox", beta=0.1, fedprox={"mu": 0.5})
+    model, _, state = client_update(fedprox, ops, w0, steps, None)
+    w = w0
+    for batch in (d, d1):
+        g = ops.grad(w, batch)
+        w = {k: w[k] - 0.1 * (g[k] + 0.5 * (w[k] - w0[k])) for k in w}
+    for k in w0:
+        torch.testing.assert_close(model[k], w[k])
+    assert state is None and fedprox.personal_model(ops, w0, None) is w0
+    free, _, _ = client_update(
+        _algorithm("fedprox", beta=0.1, fedprox={"mu": 0.0}), ops, w0, steps, None
+    )
+    fedavg, _, _ = client_update(_algorithm("fedavg", beta=0.1), ops, w0, steps, None)
+    for k in w0:
+        torch.testing.assert_close(free[k], fedavg[k])
+
+
+def test_apfl_steps_w_v_and_alpha_from_the_previous_iterates(problem):
+    """Two local steps written out (Algorithm 1 with the adaptive alpha): w by SGD on
+    f(w), v by alpha grad f(vbar), alpha by <v - w, grad f(vbar)> clipped to [0, 1], all
+    from the old values; the personal model is alpha v + (1 - alpha) w."""
+    ops, w0, (d, d1, d2) = problem
+    v0 = {k: x + 0.05 for k, x in w0.items()}
+    apfl = _algorithm("apfl", beta=0.1, apfl={"alpha": 0.3, "alpha_lr": 0.2})
+    start = {"v": v0, "alpha": torch.tensor(0.3, dtype=torch.float64)}
+    model, _, state = client_update(apfl, ops, w0, [(d, d1, d2), (d1, d2, d)], start)
+    w, v, a = w0, v0, 0.3
+    for batch in (d, d1):
+        g_w = ops.grad(w, batch)
+        g = ops.grad({k: a * v[k] + (1 - a) * w[k] for k in w}, batch)
+        slope = sum(float(((v[k] - w[k]) * g[k]).sum()) for k in w)
+        w, v, a = (
+            {k: w[k] - 0.1 * g_w[k] for k in w},
+            {k: v[k] - 0.1 * a * g[k] for k in w},
+            min(max(a - 0.2 * slope, 0.0), 1.0),
+        )
+    for k in w0:
+        torch.testing.assert_close(model[k], w[k])
+        torch.testing.assert_close(state["v"][k], v[k])
+    assert float(state["alpha"]) == pytest.approx(a, rel=1e-9)
+    assert 0.0 < a < 1.0 and a != 0.3  # it moved, unclipped
+    mixed = apfl.personal_model(ops, w0, state)
+    for k in w0:
+        torch.testing.assert_close(mixed[k], a * v[k] + (1 - a) * w0[k])
+
+
+def test_apfl_alpha_gradient_is_the_derivative_of_the_mixtures_loss(problem):
+    """<v - w, grad f(vbar)> = d/d alpha f(alpha v + (1 - alpha) w), by autodiff; a large
+    step clips alpha into [0, 1]; without `adaptive`, alpha stays."""
+    ops, w, (d, _, _) = problem
+    v = {k: x + 0.05 * torch.randn_like(x) for k, x in w.items()}
+    alpha = torch.tensor(0.4, dtype=torch.float64)
+
+    def mixture_loss(a):
+        return ops.loss({k: a * v[k] + (1 - a) * w[k] for k in w}, d)
+
+    slope = grad(mixture_loss)(alpha)
+    g = ops.grad({k: alpha * v[k] + (1 - alpha) * w[k] for k in w}, d)
+    torch.testing.assert_close(ops.inner({k: v[k] - w[k] for k in w}, g), slope)
+    state = {"w": w, "v": v, "alpha": alpha}
+    stepped, _ = _algorithm("apfl", apfl={"alpha_lr": 1e6}).client_step(ops, state, [d])
+    assert float(stepped["alpha"]) == (0.0 if slope > 0 else 1.0)
+    fixed, _ = _algorithm("apfl", apfl={"adaptive": False}).client_step(ops, state, [d])
+    assert fixed["alpha"] is alpha

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfed_ray.algorithms import tree_map
 from perfed_ray.config import from_mapping
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.stacked import chain_of, elu
@@ -29,6 +30,8 @@ METHODS = [
     ("pfedme", {"pfedme.steps": 2}),
     ("fedrep", {"tau": 3}),
     ("fedavg-ft", {}),
+    ("fedprox", {}),
+    ("apfl", {"apfl.alpha_lr": 0.01}),
 ]
 
 
@@ -48,7 +51,7 @@ def _run(name, values, engine, x, y, compile=False):
     states = (
         None
         if first is None
-        else {k: torch.stack([v + 0.01 * u for u in range(len(x))]) for k, v in first.items()}
+        else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
     return make_engine(engine, algorithm, model, compile).run(server, x, y, states)
 
@@ -60,8 +63,11 @@ def _assert_close(got, expected):
         torch.testing.assert_close(models[k], expected[0][k], rtol=1e-4, atol=1e-6)
     assert (states is None) == (expected[2] is None)
     if states is not None:
-        for k in expected[2]:
-            torch.testing.assert_close(states[k], expected[2][k], rtol=1e-4, atol=1e-6)
+        tree_map(
+            lambda got, want: torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6),
+            states,
+            expected[2],
+        )
 
 
 @pytest.mark.parametrize(("name", "values"), METHODS)
@@ -71,7 +77,7 @@ def test_engines_match_sequential(name, values, engine):
     _assert_close(_run(name, values, engine, x, y), _run(name, values, "sequential", x, y))
 
 
-@pytest.mark.parametrize("name", ["pfedme", "fedrep"])
+@pytest.mark.parametrize("name", ["pfedme", "fedrep", "fedprox", "apfl"])
 def test_logistic_regression_is_a_chain_the_fused_engine_runs(name):
     logreg = build_model("logreg", (1, 28, 28), 10)
     assert len(chain_of(logreg)) == 1

@@ -209,9 +209,10 @@ def test_a_fedadam_run_killed_and_resumed_gives_the_same_rows(ray_session, tmp_p
 
 @pytest.mark.slow
 def test_the_server_state_rolls_back_with_the_model(ray_session, tmp_path, monkeypatch):
-    """Ditto keeps per-user state, so an actor dying in round 5 rolls every actor back
-    to the checkpoint of round 3; FedAdam's moments must go back there too."""
-    values = {**RUN, "algorithm": "ditto", "engine": "fused"}
+    """APFL keeps per-user state (a model and a mixing weight), so an actor dying in
+    round 5 rolls every actor back to the checkpoint of round 3; FedAdam's moments must
+    go back there too."""
+    values = {**RUN, "algorithm": "apfl", "engine": "fused"}
     perfed_ray.simulate(values, tmp_path / "reference")
     monkeypatch.setenv("PERFED_FAULT", "actor@5")  # actor 0 SIGKILLs itself in round 5
     perfed_ray.simulate(values, tmp_path / "rolled")
