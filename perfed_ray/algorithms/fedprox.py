@@ -45,7 +45,7 @@ class FedProx(Algorithm):
     batches_per_step = 1
     draws_per_step = 3
     settings: ClassVar[dict[str, Setting]] = {
-        "mu": Setting(1.0, "weight mu of the proximal term mu/2 ||w - w^t||^2", low=0),
+        "mu": Setting(1.0, "weight mu of the proximal term mu/2 ‖w - w^t‖^2", low=0),
     }
 
     def __init__(self, cfg) -> None:
