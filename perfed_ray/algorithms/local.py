@@ -3,10 +3,11 @@ learns reaches anyone else, the lower bound that personalised federated learning
 papers report (e.g. Dinh et al. 2020, Collins et al. 2021, "Local").
 
 A user's model starts from the run's w_0 (the server's model, which never changes) and
-takes `tau` SGD steps of size beta on D in every round it is sampled; it is the user's
-per-user state, kept on the actor that hosts the user. The server ignores what users
-send. A user's personalisation starts from its own model; a user that never trained
-(an unseen one) starts from w_0.
+takes `tau` SGD steps of size beta on D in every round it is sampled, or in every round
+with `trained_users: all`, the baseline as its papers run it (every user training on
+its own data throughout); it is the user's per-user state, kept on the actor that
+hosts the user. The server ignores what users send. A user's personalisation starts
+from its own model; a user that never trained (an unseen one) starts from w_0.
 """
 
 from __future__ import annotations

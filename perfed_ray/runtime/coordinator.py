@@ -115,10 +115,16 @@ class Coordinator:
                     [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
                 )
         by_actor = self._by_actor(who.reporting)
+        trained = self.strategy.trained(round_, who.reporting)
         ref = ray.put(self.weights)
-        parts = self.pool.gather(
-            round_, "train", {a: (ref, us, round_) for a, us in by_actor.items()}
-        )
+        if trained is who.reporting:
+            calls = {a: (ref, us, round_) for a, us in by_actor.items()}
+        else:  # every user trains, the reporting ones are summed
+            calls = {
+                a: (ref, us, round_, False, by_actor.get(a, []))
+                for a, us in self._by_actor(trained).items()
+            }
+        parts = self.pool.gather(round_, "train", calls)
         faults.crash_at("driver-round", round_)
         total = np.zeros(self.weights.shape, dtype=np.float64)
         loss_sum, weight, received, diverged = 0.0, 0.0, 0, []
@@ -141,7 +147,7 @@ class Coordinator:
             "n_reported": n,
             "train_loss": loss_sum / n if n else float("nan"),
             "wall_seconds": time.perf_counter() - start,
-            "bytes_sent": self.weights.nbytes * len(by_actor),
+            "bytes_sent": self.weights.nbytes * len(calls),
             "bytes_received": received,
         }
 

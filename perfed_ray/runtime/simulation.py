@@ -43,6 +43,7 @@ from perfed_ray.data import (
     resolve_root,
 )
 from perfed_ray.data.datasets import dataset, paper_a
+from perfed_ray.data.synthetic import train_size
 from perfed_ray.engines import default_engine
 from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams, build_model, params_of
@@ -84,6 +85,14 @@ class Prepared:
             self.data.n_classes,
             self.scaling,
         )
+
+    def train_sizes(self) -> np.ndarray:
+        """Every user's training-sample count (before any validation hold-out), on the
+        driver: what `sampling: samples` draws users in proportion to."""
+        if self.users is None:
+            seed = self.cfg.seed
+            return np.array([train_size(seed, u) for u in range(self.cfg.n_users)])
+        return np.array([len(u.train) for u in self.users])
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -274,7 +283,8 @@ def run(
         writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(record)
     template = params_of(model)
-    server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg)
+    sizes = prepared.train_sizes() if cfg.sampling == "samples" else None
+    server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg, sizes)
     row = {
         "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
