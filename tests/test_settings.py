@@ -58,3 +58,16 @@ def test_keys_lists_each_methods_settings_under_its_name():
     assert rows["pfedme.personal_lr"].startswith("algorithm pfedme: ")
     assert rows["sgd.momentum"].startswith("client_optimizer sgd: ")
     assert "ditto_lambda" not in rows
+
+
+def test_committed_results_read_their_flat_method_columns_as_settings():
+    from pathlib import Path
+
+    from perfed_ray.analysis import read_runs
+
+    runs = read_runs(Path(__file__).resolve().parents[1] / "experiments/results/comparison")
+    pfedme = runs[runs["algorithm"] == "pfedme"]
+    assert set(pfedme["pfedme.personal_lr"]) == {0.09, 0.01, 0.1}
+    assert runs.loc[runs["algorithm"] == "ditto", "ditto.lambda"].eq(1.0).all()
+    assert runs.loc[runs["algorithm"] != "ditto", "ditto.lambda"].isna().all()
+    assert "pfedme_lr" not in runs
