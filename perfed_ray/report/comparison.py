@@ -24,11 +24,16 @@ from perfed_ray.registry import ALGORITHMS
 from perfed_ray.report.cells import MECHANICS
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
-# How a method is run, besides its own section's settings: part of the method's label,
-# not of the setting's.
+# How a method is trained, besides its own section's settings (its local work, step
+# size and batch, who trains and how users are drawn, its optimisers): part of the
+# method's label, not of the setting's, so one method run by the Per-FedAvg protocol
+# and by its authors' sits in the same table as the others.
 METHOD_KEYS = {
     "delta",
     "hf_delta",
+    "tau",
+    "beta",
+    "batch_size",
     "local_epochs",
     "trained_users",
     "sampling",
@@ -40,10 +45,12 @@ METHOD_KEYS = {
 # results/Mnist_pFedMe_p_0.005_1_15_5u_20b_20_5_0.1_avg.h5, the mean of their 10 runs),
 # averaged over its last 10 of 800 rounds; compare with "seen, 0 steps".
 PUBLISHED: dict[str, dict[str, tuple[float, str]]] = {
-    "mnist: partition=labels, input_scale=standardize, n_users=20, fraction=0.25, tau=20, "
-    "rounds=800, alpha=0.005, beta=0.005, batch_size=20, model=logreg, eval_every=100, "
-    "personalise_steps=5": {
-        "pfedme (pfedme.personal_lr=0.1)": (94.51, "authors' results file, personal models"),
+    "mnist: partition=labels, input_scale=standardize, n_users=20, fraction=0.25, "
+    "rounds=800, alpha=0.005, model=logreg, eval_every=100, personalise_steps=5": {
+        "pfedme (tau=20, beta=0.005, batch_size=20, pfedme.personal_lr=0.1)": (
+            94.51,
+            "authors' results file, personal models",
+        ),
     },
 }
 
