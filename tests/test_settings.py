@@ -92,5 +92,5 @@ def test_a_sweep_varies_a_methods_setting_like_any_key(tmp_path):
     assert {t.settings_of("algorithm")["lambda"] for t in sweep.trials} == {1.0, 5.0}
     doc["grid"] = {"pfedme.lamda": [1.0]}
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(ConfigError, match="did you mean 'pfedme.lambda'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'pfedme\.lambda'"):
         spec.load(path)
