@@ -73,6 +73,13 @@ def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, 
         report = (tmp_path / "out" / "report" / "comparison.md").read_text()
         assert "| local |" in report and "| fedavg-ft |" in report
         assert script.main([*args, "--methods", "local", "--dry-run"]) == 0  # now done
+        protocols = tmp_path / "protocols"
+        protocols.mkdir()
+        (protocols / "mine.yaml").write_text("local:\n  trained_users: all\n")
+        monkeypatch.setattr(script, "PROTOCOLS", protocols)
+        assert script.main([*args, "--methods", "local", "--protocol", "mine"]) == 0
+        report = (tmp_path / "out" / "report" / "comparison.md").read_text()
+        assert "| local |" in report and "| local (trained_users=all) |" in report
 
 
 def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(ray_session, tmp_path):
