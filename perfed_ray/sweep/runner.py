@@ -68,9 +68,10 @@ def create(sweep: Sweep, out: Path) -> Path:
         else t
         for t in sweep.trials
     )
-    for name, root, download in sorted({(t.dataset, t.data_root, t.download) for t in trials}):
+    needed = {(t.dataset, t.data_root, t.download, t.data_folder) for t in trials}
+    for name, root, download, folder in sorted(needed):
         if root is not None:
-            load_dataset(name, root, download, 0)  # DataError, with the fix, if unusable
+            load_dataset(name, root, download, 0, folder)  # DataError, with the fix, if unusable
     sweep = replace(sweep, trials=trials)
     folder.mkdir(parents=True)
     text = json.dumps(sweep.to_dict(), indent=1)
