@@ -109,11 +109,13 @@ def test_input_shapes_are_inferred_from_the_number_of_features():
     assert SHAPES[784] == (1, 28, 28) and SHAPES[3072] == (3, 32, 32)
 
 
-def test_n_users_must_be_the_folders(tmp_path):
+def test_n_users_and_batch_size_must_fit_the_folders_users(tmp_path):
     write_leaf(tmp_path)
     data = load_dataset("leaf", None, False, 0, str(tmp_path))
     with pytest.raises(DataError, match="the folder holds 3 users: set n_users: 3"):
         partition(from_mapping(leaf_config(tmp_path, n_users=4)), data)
+    with pytest.raises(DataError, match=r"first: user 0, 25 samples.*lower batch_size or use a"):
+        partition(from_mapping(leaf_config(tmp_path, batch_size=26)), data)
 
 
 @pytest.mark.parametrize(

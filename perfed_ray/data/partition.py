@@ -237,9 +237,10 @@ def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
     users = _drawn(data, split, rng) if isinstance(split, Counts) else split
     small = [u for u in users if len(u.train) < cfg.batch_size]
     if small:
+        fix = "n_users" if isinstance(split, Counts) else "use a folder without those users"
         raise DataError(
             f"{len(small)} users (first: user {small[0].user}, "
             f"{len(small[0].train)} samples) have fewer training samples than "
-            f"batch_size = {cfg.batch_size}: lower batch_size or n_users"
+            f"batch_size = {cfg.batch_size}: lower batch_size or {fix}"
         )
     return users
