@@ -240,11 +240,13 @@ def generate(a: argparse.Namespace) -> None:
     print(f"their generator took {seconds:.0f} s; LEAF folder: {a.out}")
 
 
-def collect(python: Path, work: Path, since: float) -> dict[str, dict[str, list[float]]]:
-    """Their per-run result files written since `since` (not their averages)."""
+def collect(
+    python: Path, work: Path, algorithm: str, since: float
+) -> dict[str, dict[str, list[float]]]:
+    """Their per-run result files of `algorithm` written since `since` (not averages)."""
     files = sorted(
         str(p)
-        for p in (work / "results").glob("*.h5")
+        for p in (work / "results").glob(f"Mnist_{algorithm}_*.h5")
         if p.stat().st_mtime >= since and not p.name.endswith("_avg.h5")
     )
     out = subprocess.run(
@@ -287,7 +289,7 @@ def train(a: argparse.Namespace) -> None:
     since = time.time()
     log = a.work / f"{a.algorithm}.log"
     seconds, marks = in_env(python, ["inside-main", *args], a.work, log)
-    frame = curves(collect(python, a.work, since))
+    frame = curves(collect(python, a.work, a.algorithm, since))
     frame.insert(0, "algorithm", a.algorithm)
     a.results.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(a.results / f"{a.algorithm.lower()}_curves.parquet", index=False)
