@@ -69,9 +69,9 @@ def create(sweep: Sweep, out: Path) -> Path:
         for t in sweep.trials
     )
     needed = {(t.dataset, t.data_root, t.download, t.data_folder) for t in trials}
-    for name, root, download, folder in sorted(needed):
-        if root is not None:
-            load_dataset(name, root, download, 0, folder)  # DataError, with the fix, if unusable
+    for name, root, download, data_folder in sorted(needed):
+        if root is not None:  # DataError, with the fix, if unusable
+            load_dataset(name, root, download, 0, data_folder)
     sweep = replace(sweep, trials=trials)
     folder.mkdir(parents=True)
     text = json.dumps(sweep.to_dict(), indent=1)
