@@ -183,7 +183,9 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     ]
 
 
-def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "data_root"])
+def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path, transport):
+    """The driver shares one copy, or each actor reads the folder itself."""
     from perfed_ray.runtime import simulation
 
     users = {f"user{i}": (60 + 10 * i, 20) for i in range(4)}
@@ -200,6 +202,7 @@ def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path):
             users_per_actor=4,
             model="mlp",
             algorithm="fedavg",
+            data_transport=transport,
         )
     )
     simulation.run(simulation.prepare(cfg), tmp_path / "out")
