@@ -170,6 +170,7 @@ DATASETS = Registry(
         "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
         "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
         "synthetic-iid": "perfed_ray.data.synthetic:SYNTHETIC_IID",
+        "leaf": "perfed_ray.data.userfiles:LEAF",
     },
     group="perfed_ray.datasets",
     base="perfed_ray.data.datasets:Dataset",

@@ -84,6 +84,7 @@ class Prepared:
             self.data.input_shape,
             self.data.n_classes,
             self.scaling,
+            cfg.data_folder,
         )
 
     def train_sizes(self) -> np.ndarray:
@@ -106,7 +107,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     cfg = cfg.replace(
         data_root=str(resolve_root(cfg.data_root)), paper_a=cfg.paper_a or paper_a(cfg.dataset)
     )
-    data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
+    data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed, cfg.data_folder)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
 
 
