@@ -15,6 +15,7 @@ import torch
 
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.data import DataError, input_scaling, load_dataset, materialise, partition
+from perfed_ray.data.batches import draw
 from perfed_ray.data.userfiles import SHAPES
 
 CPU = torch.device("cpu")
@@ -109,13 +110,18 @@ def test_input_shapes_are_inferred_from_the_number_of_features():
     assert SHAPES[784] == (1, 28, 28) and SHAPES[3072] == (3, 32, 32)
 
 
-def test_n_users_and_batch_size_must_fit_the_folders_users(tmp_path):
+def test_n_users_must_fit_the_folders_users_and_a_small_user_fills_its_batches(tmp_path):
     write_leaf(tmp_path)
     data = load_dataset("leaf", None, False, 0, str(tmp_path))
     with pytest.raises(DataError, match="the folder holds 3 users: set n_users: 3"):
         partition(from_mapping(leaf_config(tmp_path, n_users=4)), data)
-    with pytest.raises(DataError, match=r"first: user 0, 25 samples.*lower batch_size or use a"):
-        partition(from_mapping(leaf_config(tmp_path, batch_size=26)), data)
+    users = partition(from_mapping(leaf_config(tmp_path, batch_size=26)), data)
+    assert len(users[0].train) == 25  # its own users are kept, small as they are
+    batch = draw(25, 60, torch.Generator().manual_seed(0))
+    counts = torch.bincount(batch, minlength=25)
+    assert len(batch) == 60 and counts.min() >= 2 and counts.max() <= 3  # all, then more
+    unchanged = torch.randperm(25, generator=torch.Generator().manual_seed(0))[:10]
+    assert torch.equal(draw(25, 10, torch.Generator().manual_seed(0)), unchanged)
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,15 @@ from perfed_ray.seeding import Stream, torch_generator
 
 
 def draw(n: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    """One batch of indices into range(n)."""
-    return torch.randperm(n, generator=gen)[:batch_size]
+    """One batch of indices into range(n), without replacement. A user with fewer than
+    `batch_size` samples (a data set's own users may be so small) gets all of them,
+    then more from further permutations up to `batch_size`: every batch of a round has
+    one shape, which the engines need, and its gradient stays close to the full-batch
+    one the authors' DataLoader would give such a user."""
+    if n >= batch_size:
+        return torch.randperm(n, generator=gen)[:batch_size]
+    rounds = -(-batch_size // n)
+    return torch.cat([torch.randperm(n, generator=gen) for _ in range(rounds)])[:batch_size]
 
 
 def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -235,9 +235,11 @@ def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
     partitioner: Partitioner = PARTITIONERS.load(cfg.partition)
     split = partitioner(cfg, data, rng)
     users = _drawn(data, split, rng) if isinstance(split, Counts) else split
+    # A data set's own users are what they are: one smaller than a batch gets batches
+    # of all its samples, filled up to batch_size (perfed_ray.data.batches.draw).
     small = [u for u in users if len(u.train) < cfg.batch_size]
-    if small:
-        fix = "n_users" if isinstance(split, Counts) else "use a folder without those users"
+    if small and isinstance(split, Counts):
+        fix = "n_users"
         raise DataError(
             f"{len(small)} users (first: user {small[0].user}, "
             f"{len(small[0].train)} samples) have fewer training samples than "
