@@ -227,6 +227,10 @@ SERVER_OPTIMIZERS = Registry(
     "server_optimizer",
     {
         "mean": "perfed_ray.optimizers.server:Mean",
+        "fedavgm": "perfed_ray.optimizers.server:FedAvgM",
+        "fedadam": "perfed_ray.optimizers.server:FedAdam",
+        "fedyogi": "perfed_ray.optimizers.server:FedYogi",
+        "fedadagrad": "perfed_ray.optimizers.server:FedAdagrad",
     },
     group="perfed_ray.server_optimizers",
     base="perfed_ray.optimizers.server:ServerOptimizer",

@@ -5,9 +5,9 @@ Under ``<out>/checkpoints/run_id=<id>/``:
 - ``run.json``, written at the start of every sitting: the resolved configuration, the
   users' placement on actors, when the run started and how often it was resumed;
 - ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
-  round k, the global model w_k, every user's per-user state (for methods that keep
-  one), how many rows of each table belong to rounds up to k, the wall time spent so
-  far and the last evaluated accuracy.
+  round k, the global model w_k, the server optimiser's state (FedAdam's moments), every
+  user's per-user state (for methods that keep one), how many rows of each table
+  belong to rounds up to k, the wall time spent so far and the last evaluated accuracy.
 
 No random generator state is saved because the run has none that evolves: every
 draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
@@ -71,6 +71,7 @@ class Checkpoint:
     wall_seconds: float
     accuracy: tuple[int, float] | None
     states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
+    server: dict[str, np.ndarray] = field(default_factory=dict)  # the server optimiser's
 
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
         """The per-user states of the given users (those that have one)."""
@@ -141,6 +142,7 @@ class RunStore:
                     meta=np.array(meta),
                     state_users=np.array(users, dtype=np.int64),
                     states=states,
+                    **{f"server.{k}": v for k, v in checkpoint.server.items()},
                 )
 
         write_atomically(
@@ -160,6 +162,7 @@ class RunStore:
                 weights = saved["weights"]
                 users = saved.get("state_users", [])  # none before per-user state
                 states = {int(u): saved["states"][i] for i, u in enumerate(users)}
+                server = {k[7:]: saved[k] for k in saved.files if k.startswith("server.")}
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(
                 f"{path} is damaged ({err}): this run cannot be resumed; start it again"
@@ -172,7 +175,7 @@ class RunStore:
             )
         accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
         return Checkpoint(
-            meta["round"], weights, meta["rows"], meta["wall_seconds"], accuracy, states
+            meta["round"], weights, meta["rows"], meta["wall_seconds"], accuracy, states, server
         )
 
 

@@ -85,6 +85,8 @@ class Coordinator:
         self.store = store
         self.on_progress = on_progress
         self.weights = weights  # w_0, or the checkpoint's w_k when resuming
+        if resume_from is not None:  # the server optimiser's state of that round too
+            server.state = dict(resume_from.server)
         self.rounds_done = resume_from.round if resume_from else 0
         self.last_accuracy = resume_from.accuracy if resume_from else None
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
@@ -189,6 +191,7 @@ class Coordinator:
                 self.wall_seconds(),
                 self.last_accuracy,
                 states,
+                dict(self.server.state),
             )
         )
 
