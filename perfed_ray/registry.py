@@ -144,6 +144,8 @@ ALGORITHMS = Registry(
         "pfedme": "perfed_ray.algorithms.pfedme:PFedMe",
         "fedrep": "perfed_ray.algorithms.fedrep:FedRep",
         "fedavg-ft": "perfed_ray.algorithms.fedavg_ft:FedAvgFT",
+        "fedprox": "perfed_ray.algorithms.fedprox:FedProx",
+        "apfl": "perfed_ray.algorithms.apfl:APFL",
     },
     group="perfed_ray.algorithms",
     base="perfed_ray.algorithms.base:Algorithm",

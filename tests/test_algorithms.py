@@ -242,3 +242,52 @@ def test_fedrep_rejects_more_body_steps_than_tau():
 
     with pytest.raises(ConfigError, match=r"fedrep\.body_steps = 5 exceeds tau = 4"):
         _algorithm("fedrep", tau=4, fedrep={"body_steps": 5})
+
+
+def test_fedprox_is_sgd_on_the_proximal_objective_and_fedavg_without_it(problem):
+    ops, w, (d, d1, d2) = problem
+    steps = [(d, d1, d2), (d1, d2, d)]
+    new, _, state = client_update(
+        _algorithm("fedprox", beta=0.1, fedprox={"mu": 0.5}), ops, w, steps, None
+    )
+    expected = w
+    for batch in (d, d1):
+        g = ops.grad(expected, batch)
+        expected = {k: v - 0.1 * (g[k] + 0.5 * (v - w[k])) for k, v in expected.items()}
+    for k in w:
+        torch.testing.assert_close(new[k], expected[k])
+    assert state is None
+    plain, _, _ = client_update(_algorithm("fedprox", fedprox={"mu": 0.0}), ops, w, steps, None)
+    fedavg, _, _ = client_update(_algorithm("fedavg"), ops, w, steps, None)
+    for k in w:
+        torch.testing.assert_close(plain[k], fedavg[k])
+
+
+def test_apfl_steps_w_v_and_alpha_on_the_mixture_and_scores_it(problem):
+    """Two steps written out: w by SGD on f(w), v by alpha grad f(vbar), alpha by
+    <v - w, grad f(vbar)> + decay alpha, clipped to [0, 1], all from the values before
+    the step; the personal model is vbar with the server's model."""
+    ops, w, (d, d1, d2) = problem
+    apfl = _algorithm("apfl", beta=0.1, apfl={"alpha": 0.3, "alpha_lr": 0.2, "decay": 0.02})
+    own = {"v": {k: v + 0.05 for k, v in w.items()}, "alpha": torch.tensor(0.3)}
+    new_w, _, state = client_update(apfl, ops, w, [(d, d1, d2), (d1, d2, d)], own)
+    x, v, a = w, own["v"], 0.3
+    for batch in (d, d1):
+        mix = {k: a * v[k] + (1 - a) * x[k] for k in w}
+        g_mix, g_x = ops.grad(mix, batch), ops.grad(x, batch)
+        inner = sum(((v[k] - x[k]) * g_mix[k]).sum() for k in w)
+        x, v, a = (
+            {k: x[k] - 0.1 * g_x[k] for k in w},
+            {k: v[k] - 0.1 * a * g_mix[k] for k in w},
+            float(min(max(a - 0.2 * (inner + 0.02 * a), 0.0), 1.0)),
+        )
+    for k in w:
+        torch.testing.assert_close(new_w[k], x[k])
+        torch.testing.assert_close(state["v"][k], v[k])
+    torch.testing.assert_close(state["alpha"].double(), torch.tensor(a, dtype=torch.float64))
+    assert state["alpha"] != 0.3  # it learnt
+    personal = apfl.personal_model(ops, w, state)
+    for k in w:
+        torch.testing.assert_close(personal[k], w[k] + state["alpha"] * (v[k] - w[k]))
+    fixed = _algorithm("apfl", apfl={"adaptive": False})
+    assert client_update(fixed, ops, w, [(d, d1, d2)], own)[2]["alpha"] == 0.3

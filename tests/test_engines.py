@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.config import from_mapping
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.stacked import chain_of, elu
@@ -29,6 +30,9 @@ METHODS = [
     ("pfedme", {"pfedme.steps": 2}),
     ("fedrep", {"tau": 3}),
     ("fedavg-ft", {}),
+    ("fedprox", {"fedprox.mu": 0.5}),
+    ("apfl", {}),
+    ("apfl", {"apfl.adaptive": False}),
 ]
 
 
@@ -48,7 +52,7 @@ def _run(name, values, engine, x, y, compile=False):
     states = (
         None
         if first is None
-        else {k: torch.stack([v + 0.01 * u for u in range(len(x))]) for k, v in first.items()}
+        else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
     return make_engine(engine, algorithm, model, compile).run(server, x, y, states)
 
@@ -71,7 +75,7 @@ def test_engines_match_sequential(name, values, engine):
     _assert_close(_run(name, values, engine, x, y), _run(name, values, "sequential", x, y))
 
 
-@pytest.mark.parametrize("name", ["pfedme", "fedrep"])
+@pytest.mark.parametrize("name", ["pfedme", "fedrep", "fedprox", "apfl"])
 def test_logistic_regression_is_a_chain_the_fused_engine_runs(name):
     logreg = build_model("logreg", (1, 28, 28), 10)
     assert len(chain_of(logreg)) == 1

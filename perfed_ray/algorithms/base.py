@@ -53,6 +53,9 @@ class ModelOps(Protocol):
     def norm(self, tree: Params) -> torch.Tensor:
         """The Euclidean norm of a whole tree (per user)."""
 
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        """<a, b> over whole trees (per user): APFL's mixing weight's gradient."""
+
 
 class Algorithm:
     """A federated algorithm: FedAvg's shape unless a method overrides a part.

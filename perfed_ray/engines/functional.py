@@ -42,4 +42,8 @@ class FunctionalOps:
         return sub(plus, minus)
 
     def norm(self, tree: Params) -> torch.Tensor:
-        return torch.sqrt(sum((v * v).sum() for v in pytree.tree_leaves(tree)))
+        return torch.sqrt(self.inner(tree, tree))
+
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
+        return sum((x * y).sum() for x, y in pairs)

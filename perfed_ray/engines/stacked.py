@@ -157,5 +157,8 @@ class StackedOps:
         return {k: diff[k] for k in params}
 
     def norm(self, tree: Params) -> torch.Tensor:
-        leaves = pytree.tree_leaves(tree)
-        return torch.sqrt(sum((v * v).flatten(1).sum(1) for v in leaves))
+        return torch.sqrt(self.inner(tree, tree))
+
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
+        return sum((x * y).flatten(1).sum(1) for x, y in pairs)
