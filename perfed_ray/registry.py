@@ -219,6 +219,7 @@ CLIENT_OPTIMIZERS = Registry(
     "client_optimizer",
     {
         "sgd": "perfed_ray.optimizers.client:SGD",
+        "adam": "perfed_ray.optimizers.client:Adam",
     },
     group="perfed_ray.client_optimizers",
     base="perfed_ray.optimizers.client:ClientOptimizer",

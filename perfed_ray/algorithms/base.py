@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 
 from perfed_ray.algorithms.tree import Params, Scalar, sgd
+from perfed_ray.registry import CLIENT_OPTIMIZERS
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ class Algorithm:
         self.alpha = cfg.alpha
         self.beta = cfg.beta
         self.settings: dict[str, Any] = cfg.settings_of("algorithm")
+        # The local steps' update rule for methods that use one (`client_optimizer`);
+        # its state lives in the round's local state.
+        self.optimizer = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
 
     # -- client side -------------------------------------------------------------------
     def init_user_state(self, server: Params) -> Params | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import sgd, tree_map
+from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.settings import Setting
 
 
@@ -40,18 +40,17 @@ class Ditto(Algorithm):
         return server
 
     def client_init(self, ops, server, personal):
-        return {"w": server, "v": personal, "anchor": server}
+        opt = self.optimizer.init(server)
+        return {"w": server, "v": personal, "anchor": server, "opt_w": opt, "opt_v": opt}
 
     def client_step(self, ops, state, batches):
         batch = batches[0]
         g_v = ops.grad(state["v"], batch)
         pull = tree_map(lambda g, v, w: g + self.lam * (v - w), g_v, state["v"], state["anchor"])
         g_w, loss = ops.grad_and_loss(state["w"], batch)
-        return {
-            "w": sgd(state["w"], g_w, self.beta),
-            "v": sgd(state["v"], pull, self.beta),
-            "anchor": state["anchor"],
-        }, loss
+        w, opt_w = self.optimizer.step(state["w"], g_w, state["opt_w"], self.beta)
+        v, opt_v = self.optimizer.step(state["v"], pull, state["opt_v"], self.beta)
+        return {"w": w, "v": v, "anchor": state["anchor"], "opt_w": opt_w, "opt_v": opt_v}, loss
 
     def client_final(self, ops, server, state):
         return state["w"], state["v"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import sgd, tree_map
+from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.settings import Setting
 
 
@@ -40,14 +40,15 @@ class FedProx(Algorithm):
     }
 
     def client_init(self, ops, server, user_state):
-        return {"w": server, "anchor": server}
+        return {"w": server, "anchor": server, "opt": self.optimizer.init(server)}
 
     def client_step(self, ops, state, batches):
         w, anchor = state["w"], state["anchor"]
         g, loss = ops.grad_and_loss(w, batches[0])
         mu = self.settings["mu"]
         proximal = tree_map(lambda g, w, a: g + mu * (w - a), g, w, anchor)
-        return {"w": sgd(w, proximal, self.beta), "anchor": anchor}, loss
+        w, opt = self.optimizer.step(w, proximal, state["opt"], self.beta)
+        return {"w": w, "anchor": anchor, "opt": opt}, loss
 
     def client_final(self, ops, server, state):
         return state["w"], None

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import Params
+from perfed_ray.algorithms.tree import Params, tree_map
 from perfed_ray.errors import ConfigError
 from perfed_ray.settings import Setting
 
@@ -39,6 +39,11 @@ def head_keys(params: Params) -> list[str]:
     parameter's module prefix, e.g. ``fc3.weight`` and ``fc3.bias``)."""
     last = next(reversed(params)).rpartition(".")[0]
     return [k for k in params if k.rpartition(".")[0] == last]
+
+
+def _parts(params: Params) -> dict[str, list[str]]:
+    head = head_keys(params)
+    return {"head": head, "body": [k for k in params if k not in head]}
 
 
 class FedRep(Algorithm):
@@ -72,16 +77,32 @@ class FedRep(Algorithm):
         return {k: head.get(k, v) for k, v in server.items()}
 
     def client_init(self, ops, server, head):
-        return {"w": self.personal_model(ops, server, head), "t": torch.zeros(())}
+        w = self.personal_model(ops, server, head)
+        parts = _parts(w)
+        opt = {part: self.optimizer.init({k: w[k] for k in keys}) for part, keys in parts.items()}
+        return {"w": w, "t": torch.zeros(()), "opt": opt}
 
     def client_step(self, ops, state, batches):
+        """A step of the client optimiser on the part this step trains: each part's
+        step size is beta or 0, and its optimiser state (momentum) moves only while the
+        part trains, as PyTorch's optimiser skips a frozen parameter."""
         w, t = state["w"], state["t"]
         g, loss = ops.grad_and_loss(w, batches[0])
-        body = (t >= self.head_steps).to(loss.dtype)
-        head = set(head_keys(w))
-        lr = {k: self.beta * ((1 - body) if k in head else body) for k in w}
-        w = {k: v - lr[k] * g[k] for k, v in w.items()}
-        return {"w": w, "t": t + 1}, loss
+        on_body = t >= self.head_steps
+        new_w, opt = dict(w), {}
+        for part, keys in _parts(w).items():
+            trains = on_body if part == "body" else ~on_body
+            stepped, moved = self.optimizer.step(
+                {k: w[k] for k in keys},
+                {k: g[k] for k in keys},
+                state["opt"][part],
+                self.beta * trains.to(loss.dtype),
+            )
+            new_w.update(stepped)
+            opt[part] = tree_map(
+                lambda n, o, s=trains: torch.where(s, n, o), moved, state["opt"][part]
+            )
+        return {"w": new_w, "t": t + 1, "opt": opt}, loss
 
     def client_final(self, ops, server, state):
         w = state["w"]
