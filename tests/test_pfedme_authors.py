@@ -91,3 +91,8 @@ def test_their_code_runs_two_rounds_and_its_curves_are_kept(script, tmp_path):
         timeout=60,
     )
     assert made.returncode == 0 and "| pFedMe_p | 0 |" in (results / "summary.md").read_text()
+    best = pd.read_parquet(results / "pfedme_best.parquet").set_index("model")
+    assert (
+        best.loc["pFedMe_p", "best_accuracy"]
+        == 100 * curves.query("model == 'pFedMe_p'")["test_acc"].max()
+    )

@@ -351,6 +351,12 @@ def summary(a: argparse.Namespace) -> None:
             meta_path.with_name(meta_path.name.replace("_run.json", "_curves.parquet"))
         )
         table = best_rounds(frame)
+        best = table.rename(
+            columns={"best": "best_accuracy", "last": "last_accuracy", "last10": "last10_accuracy"}
+        )
+        for column in ("best_accuracy", "last_accuracy", "last10_accuracy"):
+            best[column] = 100 * best[column]  # in %, as papers print them
+        best.to_parquet(meta_path.with_name(meta_path.name.replace("_run.json", "_best.parquet")))
         lines += [
             f"## {meta['algorithm']}",
             "",
@@ -381,7 +387,9 @@ def summary(a: argparse.Namespace) -> None:
         lines.append("")
     lines += [
         "Standard deviations are over runs with ddof 0, as their `np.std`. Per-round curves: "
-        "`*_curves.parquet` (model, run, round, test_acc, train_acc, train_loss).",
+        "`*_curves.parquet` (model, run, round, test_acc, train_acc, train_loss); per run: "
+        "`*_best.parquet` (model, run, best_accuracy, best_round, last_accuracy, "
+        "last10_accuracy; accuracies in %).",
         "",
     ]
     (a.results / "summary.md").write_text("\n".join(lines))
