@@ -81,13 +81,15 @@ def scores(out: Path) -> pd.DataFrame:
     return done.merge(pooled, on="run_id").merge(ours.reset_index(), on="run_id")
 
 
-def authors_code(path: Path) -> str:
+def authors_code(path: Path, model: str) -> str:
     """The authors' own code's figure here: the mean ± 95% interval over its runs of the
-    `best_accuracy` column (their rule), from the Parquet file they were recorded in."""
+    `best_accuracy` column (their rule, in %) of the rows of `model`, from the Parquet
+    file they were recorded in (experiments/reproduction/pfedme_authors.py writes it)."""
     if not path.is_file():
         return "not run"
     runs = pd.read_parquet(path)
-    return f"{_cell(runs['best_accuracy'].to_numpy())} ({len(runs)} runs)"
+    runs = runs[runs["model"] == model]
+    return f"{_cell(runs['best_accuracy'].to_numpy() / 100)} ({len(runs)} runs)"
 
 
 def table(out: Path, facts: dict[str, dict[str, Any]]) -> str:
@@ -112,7 +114,11 @@ def table(out: Path, facts: dict[str, dict[str, Any]]) -> str:
         last = mine["final_accuracy"].to_numpy() if count else np.array([])
         zero = mine["mean_0"].to_numpy() if count else np.array([])
         one = mine["mean_1"].to_numpy() if count else np.array([])
-        code = authors_code(out / fact["authors_code"]) if fact.get("authors_code") else "not run"
+        code = (
+            authors_code(out / fact["authors_code"], fact["authors_model"])
+            if fact.get("authors_code")
+            else "not run"
+        )
         lines.append(
             f"| {name} | {fact['method']} | {fact['paper']} | {fact['published']} | {code} | "
             f"{_cell(best)} | {_cell(last)} | {_cell(zero)} / {_cell(one)} | {count} |"

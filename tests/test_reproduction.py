@@ -14,6 +14,7 @@ FACTS = {
         "paper": "nobody's, Table 0",
         "published": 99.0,
         "authors_code": "authors/tiny.parquet",
+        "authors_model": "theirs",
         "notes": "a smoke test's entry",
     }
 }
@@ -33,7 +34,9 @@ def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
     )
     (configs / "published.yaml").write_text(yaml.safe_dump(FACTS))
     (out / "authors").mkdir(parents=True)
-    pd.DataFrame({"best_accuracy": [0.5, 0.7]}).to_parquet(out / "authors" / "tiny.parquet")
+    pd.DataFrame(
+        {"model": ["theirs", "theirs", "other"], "best_accuracy": [50.0, 70.0, 10.0]}
+    ).to_parquet(out / "authors" / "tiny.parquet")
     for script in experiment_script("reproduction"):
         args = ["--configs", str(configs), "--out", str(out), "--seeds", "2"]
         assert script.main(args) == 0
