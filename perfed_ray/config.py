@@ -474,6 +474,14 @@ def _check_combination(cfg: RunConfig) -> None:
             f"model = cnn needs images; dataset {cfg.dataset} has 60 plain "
             f"features: use model: mlp or logreg"
         )
+    method = REGISTRIES["algorithm"].load(cfg.algorithm)
+    method.validate(cfg)
+    if cfg.local_epochs is not None and not method.epochs:
+        raise ConfigError(
+            f"local_epochs = {cfg.local_epochs} does not apply to algorithm = "
+            f"{cfg.algorithm!r}: it runs tau local steps of fresh batches, as its paper does; "
+            f"drop local_epochs and set tau"
+        )
     if cfg.fraction * cfg.n_users < 1:
         raise ConfigError(
             f"fraction * n_users = {cfg.fraction} * {cfg.n_users} = "

@@ -45,7 +45,7 @@ def _work(users: int, tau: int = 3, seed: int = 0):
     return x, y
 
 
-def _run(name, values, engine, x, y, compile=False):
+def _run(name, values, engine, x, y, compile=False, steps=None):
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
     model = build_model(cfg.model, (1, 28, 28), 10, seed=0)
     algorithm = ALGORITHMS.load(name)(cfg)
@@ -56,7 +56,7 @@ def _run(name, values, engine, x, y, compile=False):
         if first is None
         else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
-    return make_engine(engine, algorithm, model, compile).run(server, x, y, states)
+    return make_engine(engine, algorithm, model, compile).run(server, x, y, states, steps)
 
 
 def _assert_close(got, expected):
@@ -129,3 +129,33 @@ def test_models_that_are_no_linear_chain_fall_back_to_vmap(capsys):
     engine = make_engine("fused", ALGORITHMS.load("fedavg")(cfg), cnn, False)
     assert type(engine).__name__ == "Vmap"
     assert "engine fused falls back to vmap" in capsys.readouterr().err
+
+
+EPOCH_METHODS = [
+    ("fedavg", {}),
+    ("local", {}),
+    ("ditto", {"sgd.momentum": 0.5}),
+    ("fedprox", {"fedprox.mu": 0.5}),
+    ("apfl", {}),
+    ("pfedme", {"pfedme.steps": 2}),
+    (
+        "fedrep",
+        {"local_epochs": 3, "fedrep": {"head_epochs": 2, "body_epochs": 1}, "sgd.momentum": 0.5},
+    ),
+]
+
+
+@pytest.mark.parametrize("engine", ["vmap", "fused"])
+@pytest.mark.parametrize(("name", "values"), EPOCH_METHODS)
+def test_users_with_different_numbers_of_steps_match_sequential(name, values, engine):
+    """local_epochs: users of different sizes take different numbers of steps; the
+    batched engines mask the steps a user does not take and equal the sequential
+    engine, which runs each user's own steps alone."""
+    x, y = _work(users=4, tau=6)
+    x, y = x[:, :, :1], y[:, :, :1]
+    steps = torch.tensor([2, 6, 5, 3])
+    values = {"local_epochs": 2, **values}
+    got = _run(name, values, engine, x, y, steps=steps)
+    _assert_close(got, _run(name, values, "sequential", x, y, steps=steps))
+    alone = _run(name, values, "sequential", x[:1, :2], y[:1, :2], steps=steps[:1])
+    torch.testing.assert_close(got[1][:1], alone[1], rtol=1e-5, atol=1e-6)  # not the padding

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import Params, tree_map
+from perfed_ray.algorithms.tree import Params, per_user, tree_map
 from perfed_ray.errors import ConfigError
 from perfed_ray.settings import Setting
 
@@ -58,17 +58,33 @@ class FedRep(Algorithm):
             low=1,
             legacy="fedrep_body_steps",
         ),
+        "head_epochs": Setting(
+            10, "with local_epochs: epochs on the head first (the authors' 10)", low=0
+        ),
+        "body_epochs": Setting(
+            1, "with local_epochs: then epochs on the body (the authors' 1)", low=1
+        ),
     }
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        mine = cfg.settings_of("algorithm")
+        epochs = mine["head_epochs"] + mine["body_epochs"]
+        if cfg.local_epochs is not None and epochs != cfg.local_epochs:
+            raise ConfigError(
+                f"local_epochs = {cfg.local_epochs} is not fedrep.head_epochs + "
+                f"fedrep.body_epochs = {epochs}: a round is the head's epochs then the body's"
+            )
+        if cfg.local_epochs is None and mine["body_steps"] > cfg.tau:
+            raise ConfigError(
+                f"fedrep.body_steps = {mine['body_steps']} exceeds tau = {cfg.tau}: "
+                "a round has tau local steps, head steps first, then body steps"
+            )
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        body = self.settings["body_steps"]
-        if body > cfg.tau:
-            raise ConfigError(
-                f"fedrep.body_steps = {body} exceeds tau = {cfg.tau}: "
-                "a round has tau local steps, head steps first, then body steps"
-            )
-        self.head_steps = cfg.tau - body
+        self.epochs_split = (self.settings["head_epochs"], self.settings["body_epochs"])
+        self.head_steps = cfg.tau - self.settings["body_steps"]
 
     def init_user_state(self, server):
         return {k: server[k] for k in head_keys(server)}
@@ -82,13 +98,19 @@ class FedRep(Algorithm):
         opt = {part: self.optimizer.init({k: w[k] for k in keys}) for part, keys in parts.items()}
         return {"w": w, "t": torch.zeros(()), "opt": opt}
 
+    def round_steps(self, state, steps):
+        """With local_epochs, a user of S batches an epoch takes head_epochs * S head
+        steps of its head_epochs + body_epochs epochs' steps."""
+        head, body = self.epochs_split
+        return {**state, "head_steps": torch.div(steps * head, head + body, rounding_mode="floor")}
+
     def client_step(self, ops, state, batches):
         """A step of the client optimiser on the part this step trains: each part's
         step size is beta or 0, and its optimiser state (momentum) moves only while the
         part trains, as PyTorch's optimiser skips a frozen parameter."""
         w, t = state["w"], state["t"]
         g, loss = ops.grad_and_loss(w, batches[0])
-        on_body = t >= self.head_steps
+        on_body = t >= state.get("head_steps", self.head_steps)
         new_w, opt = dict(w), {}
         for part, keys in _parts(w).items():
             trains = on_body if part == "body" else ~on_body
@@ -100,9 +122,9 @@ class FedRep(Algorithm):
             )
             new_w.update(stepped)
             opt[part] = tree_map(
-                lambda n, o, s=trains: torch.where(s, n, o), moved, state["opt"][part]
+                lambda n, o, s=trains: torch.where(per_user(s, n), n, o), moved, state["opt"][part]
             )
-        return {"w": new_w, "t": t + 1, "opt": opt}, loss
+        return {**state, "w": new_w, "t": t + 1, "opt": opt}, loss
 
     def client_final(self, ops, server, state):
         w = state["w"]
