@@ -3,23 +3,36 @@ for Personalized Federated Learning", ICML 2021, Algorithm 1.
 
 The model is a shared body (the representation phi) and a head h_i per user (the last
 layer), which the user keeps on its actor between rounds. In a round a sampled user
-takes the server's body and its own head, first trains the head alone for
-tau - `fedrep.body_steps` steps (eq. 3's head update, body fixed), then the body alone
-for `fedrep.body_steps` steps (its body update, head fixed), both SGD of size beta on
-D. The server averages the bodies. Users are scored on their own head over the
-server's body and personalise by training the head alone (step size alpha), as the
-paper adapts new clients (Section 5.2).
+takes the server's body and its own head, first trains the head alone (eq. 3's head
+update, body fixed), then the body alone (its body update, head fixed), with the
+client optimiser at step size beta. The server averages what it is sent, heads
+included. Users are scored on their own head over the server's body and personalise
+by training the head alone (step size alpha), as the paper adapts new clients
+(Section 5.2); a newcomer's head is the server's, the mean of the trained heads.
 
-Defaults follow the authors' code (lgcollins/FedRep): one body epoch after the head
-epochs (`--local_rep_ep 1` of `--local_ep 10`), here one body step after tau - 1 head
-steps; one step size for both. Their server keeps its head at initialisation; here
-the server also averages the heads it is sent, so that a newcomer (an unseen user)
-starts its head from the mean of the trained heads rather than from noise.
+Two protocols:
+- the Per-FedAvg paper's (the default): tau - `fedrep.body_steps` single-batch steps on
+  the head, then `fedrep.body_steps` on the body, plain SGD;
+- its authors' (lgcollins/FedRep, main_fedrep.py, models/Update.py, scripts/
+  FedRep_cifar10_2shards.sh): `local_epochs: 11` split into `fedrep.head_epochs: 10`
+  then `fedrep.body_epochs: 1` passes over the user's data in batches of 10
+  (`--local_ep 11 --local_rep_ep 1 --local_bs 10`), SGD with lr 0.01 and momentum 0.5
+  (`beta: 0.01`, `sgd: {momentum: 0.5, weight_decay: 0.0001}`); the optimiser is made
+  anew in each client's train(), so its state lives for one round.
+
+The authors' server averages every parameter it is sent, heads too, weighted by the
+users' sample counts (all 1 for their CIFAR splits: a plain mean) and loads the result
+as its model, while each user trains and is scored with its own kept head: as here.
+Where we differ: their weight decay applies to weights only, not biases (here the
+client optimiser decays every parameter); their last round trains every user and
+fine-tunes on `--m_ft` samples, which our evaluation's personalisation replaces; their
+accuracy counts correct answers over all users' test samples together (this project's
+`pooled_accuracy`) where PROTOCOL.md averages over users.
 
 Which of the two parts a step trains is a mask on the step size driven by a step
-counter in the local state, not Python control flow, so the method runs whole under
-`vmap`, the stacked engine and `torch.compile`; a full gradient per step costs what
-FedAvg's does.
+counter in the local state (and, in epochs, each user's own count of head steps), not
+Python control flow, so the method runs whole under `vmap`, the stacked engine and
+`torch.compile`; a full gradient per step costs what FedAvg's does.
 """
 
 from __future__ import annotations
