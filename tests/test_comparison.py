@@ -94,3 +94,15 @@ def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(ray_se
     assert "tau=2" in runs["setting"].iloc[0]  # shared by the table's runs
     assert runs.loc["fedavg", "method"] == "fedavg (beta=0.001)"
     assert runs.loc["local", "method"] == "local (beta=0.01, trained_users=all)"
+
+
+def test_the_authors_protocols_are_valid_configurations_of_every_setting():
+    for script in experiment_script("comparison"):
+        protocols = script.protocol("authors")
+        assert {"fedrep", "pfedme", "local", "ditto"} <= set(protocols)
+        cells = script.grid(script.CONFIGS, 1, list(protocols), (), set(), protocols)
+        configs = [cell.cfg() for cell in cells]  # ConfigError if one does not fit
+        fedrep = next(c for c in configs if c.algorithm == "fedrep")
+        assert (
+            fedrep.local_epochs == 11 and fedrep.settings_of("client_optimizer")["momentum"] == 0.5
+        )
