@@ -9,7 +9,14 @@ FedAvg's would. The server averages the global copies (Algorithm 1's global upda
 Users are scored on v_k; a user that never trained starts from w^t.
 
 `ditto.lambda` defaults to 1, the value of the authors' run scripts; the personal and
-global steps share the step size beta, as in their code.
+global steps share the step size beta and the client optimiser (plain SGD in their
+code; its state lives for one round).
+
+Where the authors' code (litian96/ditto) differs, and what to set: it draws users in
+proportion to their sample counts (`sampling: samples`); it starts every personal model
+from the initial global model w_0, where here a user's v starts from the global model
+of the first round the user trains or is scored in (not selectable yet: it needs w_0
+on the actors); its local work is epochs over the user's data (`local_epochs`).
 """
 
 from __future__ import annotations
