@@ -284,8 +284,10 @@ def run(
         writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(record)
     template = params_of(model)
-    sizes = prepared.train_sizes() if cfg.sampling == "samples" else None
-    server, strategy = Server(cfg, template), STRATEGIES.load(cfg.strategy)(cfg, sizes)
+    policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
+    # user's own Strategy written before sizes existed takes cfg alone
+    strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
+    server = Server(cfg, template)
     row = {
         "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
