@@ -4,12 +4,20 @@
     python experiments/comparison.py                    # every setting, then the report
     python experiments/comparison.py mnist-tau10        # one setting only
 
+    python experiments/comparison.py --protocol authors # each method as its authors ran it
+
 The grid: every setting in experiments/configs/comparison/*.yaml (the MNIST Table 1
-row tau = 10; CIFAR-10 split by Dirichlet(0.3) over 100 users), times the nine
-methods below, times `--seeds` training seeds. Every setting keeps 20% of its users
-unseen and scores the personalisation curve to 5 steps. The cells are run, skipped
-when done and resumed when stopped exactly as `table1.py` runs its own (its runner
-is reused), into `--out`; the script ends with `perfed-ray compare OUT`.
+row tau = 10; CIFAR-10 split by Dirichlet(0.3) over 100 users), times the methods
+below, times `--seeds` training seeds. By default every method runs the Per-FedAvg
+paper's protocol (tau single-batch SGD steps at the setting's step size, sampled users
+training, a plain mean); `--protocol NAME` adds each method's overrides from
+experiments/configs/protocols/NAME.yaml (`authors`: its authors' local epochs,
+optimiser, step size, who trains and how users are drawn), and the report shows both
+protocols' rows in one table, the method's label saying how it was run. Every
+setting keeps 20% of its users unseen and scores the personalisation curve to 5
+steps. The cells are run, skipped when done and resumed when stopped exactly as
+`table1.py` runs its own (its runner is reused), into `--out`; the script ends with
+`perfed-ray compare OUT`.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from pathlib import Path
 from table1 import Cell, estimate, run_cells, state, timings
 
 from perfed_ray.analysis import read_runs
+from perfed_ray.config import flatten, read_yaml
 from perfed_ray.report.comparison import write_comparison
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "comparison"
+PROTOCOLS = HERE / "configs" / "protocols"
 METHODS = [
     "fedavg",
     "fedavg-ft",
@@ -38,10 +48,30 @@ METHODS = [
 ]
 
 
-def grid(configs: Path, seeds: int, methods: list[str], extra: tuple[str, ...], only: set[str]):
+def protocol(name: str | None) -> dict[str, tuple[str, ...]]:
+    """Each method's `key=value` overrides under the protocol `name` (none: the paper's)."""
+    if name is None:
+        return {}
+    path = PROTOCOLS / f"{name}.yaml"
+    methods = read_yaml(path, "protocol file") or {}
+    return {
+        method: tuple(f"{k}={v}" for k, v in flatten(values or {}).items())
+        for method, values in methods.items()
+    }
+
+
+def grid(
+    configs: Path,
+    seeds: int,
+    methods: list[str],
+    extra: tuple[str, ...],
+    only: set[str],
+    overrides: dict[str, tuple[str, ...]] | None = None,
+):
     rows = sorted(row for row in configs.glob("*.yaml") if not only or row.stem in only)
+    overrides = overrides or {}
     return [
-        Cell(row, (f"algorithm={m}", f"seed={s}", *extra))
+        Cell(row, (f"algorithm={m}", *overrides.get(m, ()), f"seed={s}", *extra))
         for row in rows
         for s in range(seeds)
         for m in methods
@@ -58,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell"
     )
+    parser.add_argument(
+        "--protocol", help="each method's overrides from configs/protocols/NAME.yaml"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="cells run side by side")
     parser.add_argument("--dry-run", action="store_true", help="list what would run")
     args = parser.parse_args(argv)
@@ -70,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = [
         (cell, *state(cell, runs))
         for cell in grid(
-            args.configs, args.seeds, args.methods, tuple(args.set), set(args.settings)
+            args.configs,
+            args.seeds,
+            args.methods,
+            tuple(args.set),
+            set(args.settings),
+            protocol(args.protocol),
         )
     ]
     todo = [cell for cell, how, _ in plan if how != "done"]

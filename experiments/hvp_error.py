@@ -68,7 +68,7 @@ def trajectory_errors(
         for step in range(rounds * cfg.tau):
             round_, t = divmod(step, cfg.tau)
             if t == 0:
-                x, y = (b[0] for b in learner.block_batches([user], round_))
+                x, y = (b[0] for b in learner.block_batches([user], round_)[:2])
             batches = [(x[t, i], y[t, i]) for i in range(3)]
             d_exact, _ = exact.direction(ops, w, batches)
             d_hf, _ = hf.direction(ops, w, batches)

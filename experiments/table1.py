@@ -147,6 +147,8 @@ def state(cell: Cell, runs: pd.DataFrame) -> tuple[str, str | None]:
         return "todo", None
     match = pd.Series(True, index=runs.index)
     for key, value in identity(cell.cfg()).items():
+        if key not in runs:  # a setting no run here has yet
+            return "todo", None
         match &= runs[key].isna() if value is None else runs[key] == value
     mine = runs[match].sort_values("run_id")
     complete = mine[mine["status"].isin(["finished", "diverged"])]

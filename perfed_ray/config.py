@@ -25,7 +25,7 @@ from perfed_ray.settings import KINDS, Setting
 
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
-INPUT_SCALES = ("unit", "standardize", "raw")
+INPUT_SCALES = ("unit", "standardize", "standardize-pixel", "raw")
 HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 TRAINED_USERS = ("sampled", "all")
@@ -43,12 +43,20 @@ class RunConfig:
     """Every configuration value of one run (flat, so it maps to YAML and to columns)."""
 
     dataset: str = _opt(
-        "mnist", "data set (synthetic: FedProx's Synthetic(alpha, beta))", registry=True
+        "mnist",
+        "data set (synthetic: FedProx's Synthetic(alpha, beta); leaf: users' own files "
+        "in data_folder)",
+        registry=True,
     )
     data_root: str | None = _opt(
         None,
         "folder holding the data sets; `auto` means $PERFED_DATA, else ~/.cache/perfed-ray/data",
         auto=True,
+    )
+    data_folder: str = _opt(
+        "",
+        "folder of the users' own files for dataset leaf (LEAF's train/ and test/ of "
+        ".json, or one .npz per user), absolute or relative to data_root",
     )
     download: bool = _opt(True, "download the data set through torchvision when it is missing")
     data_transport: str = _opt(
@@ -59,7 +67,8 @@ class RunConfig:
     )
     partition: str = _opt(
         "paper",
-        "how the data are split among users (`natural`: the data set's own users, for synthetic)",
+        "how the data are split among users (`natural`: the data set's own users, for "
+        "synthetic and leaf)",
         registry=True,
     )
     paper_a: int | None = _opt(
@@ -73,7 +82,7 @@ class RunConfig:
         "unit",
         "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
         "mean and standard deviation of the whole training set, the same for every user), "
-        "raw (0-255)",
+        "standardize-pixel (the same per pixel), raw (0-255)",
         choices=INPUT_SCALES,
     )
     synthetic_alpha: float = _opt(
@@ -447,15 +456,21 @@ def _check_combination(cfg: RunConfig) -> None:
             f"n_users = {cfg.n_users} is too small for partition "
             f"{cfg.partition!r}: it needs at least 2 users (two groups)"
         )
-    generated = REGISTRIES["dataset"].load(cfg.dataset).load is None
-    if generated != (cfg.partition == "natural"):
+    spec = REGISTRIES["dataset"].load(cfg.dataset)
+    generated = spec.load is None
+    if (generated or spec.folder) != (cfg.partition == "natural"):
         raise ConfigError(
             f"partition = {cfg.partition!r} does not fit dataset = "
-            f"{cfg.dataset!r}: generated data sets (synthetic, synthetic-iid) make "
-            f"their own users and need partition: natural; the other data sets need "
-            f"paper, paper-diff, iid, dirichlet or labels"
+            f"{cfg.dataset!r}: generated data sets (synthetic, synthetic-iid) and users' "
+            f"own files (leaf) bring their own users and need partition: natural; the "
+            f"other data sets need paper, paper-diff, iid, dirichlet or labels"
         )
-    if generated and cfg.input_scale != "unit":
+    if spec.folder and not cfg.data_folder:
+        raise ConfigError(
+            f"dataset {cfg.dataset} reads the users' own files: set data_folder to their "
+            f"folder (absolute, or relative to data_root)"
+        )
+    if (generated or spec.folder) and cfg.input_scale != "unit":
         raise ConfigError(
             f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
             f"{cfg.dataset} has real-valued features: use input_scale: unit"
@@ -464,6 +479,14 @@ def _check_combination(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model = cnn needs images; dataset {cfg.dataset} has 60 plain "
             f"features: use model: mlp or logreg"
+        )
+    method = REGISTRIES["algorithm"].load(cfg.algorithm)
+    method.validate(cfg)
+    if cfg.local_epochs is not None and not method.epochs:
+        raise ConfigError(
+            f"local_epochs = {cfg.local_epochs} does not apply to algorithm = "
+            f"{cfg.algorithm!r}: it runs tau local steps of fresh batches, as its paper does; "
+            f"drop local_epochs and set tau"
         )
     if cfg.fraction * cfg.n_users < 1:
         raise ConfigError(

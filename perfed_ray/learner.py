@@ -18,7 +18,7 @@ from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
-from perfed_ray.data.batches import evaluation_indices, gather, round_indices
+from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
@@ -67,7 +67,11 @@ class Learner:
         return initial if saved is None else self.state_layout.unflatten(saved, self.device)
 
     def _indices(self, user: int, round_: int) -> torch.Tensor:
-        algorithm = self.algorithm
+        """The user's batches of the round: [steps, per_step, B]."""
+        algorithm, cfg = self.algorithm, self.cfg
+        if cfg.local_epochs is not None:
+            n = len(self.shards[user].y_train)
+            return epoch_indices(cfg.seed, user, round_, n, cfg.local_epochs, cfg.batch_size)
         return round_indices(
             self.cfg.seed,
             user,
@@ -79,34 +83,46 @@ class Learner:
             algorithm.draws_per_step,
         )
 
-    def block_batches(self, users: list[int], round_: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fresh batches for each of the tau steps of a round, for several users, stacked:
-        x [U, tau, per_step, B, ...], gathered straight into place."""
+    def block_batches(
+        self, users: list[int], round_: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Fresh batches for each step of a round, for several users, stacked:
+        x [U, T, per_step, B, ...], gathered straight into place, and each user's number
+        of steps (None: all take tau). With `local_epochs` users take different numbers
+        of steps: T is the most, and a user's steps past its own repeat its first batch
+        (masked by the engine)."""
         first = self.shards[users[0]]
         idx = [self._indices(u, round_) for u in users]
+        steps = torch.tensor([len(i) for i in idx])
+        longest = int(steps.max())
+        shape = (len(users), longest, *idx[0].shape[1:])
         x = torch.empty(
-            len(users),
-            *idx[0].shape,
-            *first.x_train.shape[1:],
-            dtype=first.x_train.dtype,
-            device=self.device,
+            *shape, *first.x_train.shape[1:], dtype=first.x_train.dtype, device=self.device
         )
-        y = torch.empty(len(users), *idx[0].shape, dtype=first.y_train.dtype, device=self.device)
+        y = torch.empty(*shape, dtype=first.y_train.dtype, device=self.device)
         for i, (u, index) in enumerate(zip(users, idx, strict=True)):
+            if len(index) < longest:
+                index = torch.cat([index, index[:1].expand(longest - len(index), *index.shape[1:])])
             gather(self.shards[u].x_train, index, out=x[i])
             gather(self.shards[u].y_train, index, out=y[i])
-        return x, y
+        return x, y, None if self.cfg.local_epochs is None else steps.to(self.device)
 
     def train(self, server: Params, users: list[int], round_: int) -> tuple[Params, torch.Tensor]:
         """Round k's local work of the given users from the server's model: their models
         stacked along a leading axis and their mean training losses; their states move
         on to the next round."""
-        x, y = self.block_batches(users, round_)
+        if self.cfg.local_epochs is not None:  # users of like sizes in the same blocks
+            order = sorted(range(len(users)), key=lambda i: -len(self.shards[users[i]].y_train))
+            users = [users[i] for i in order]
+        x, y, steps = self.block_batches(users, round_)
         states = stack([self._state(u, server) for u in users])
-        models, losses, new_states = self.engine.run(server, x, y, states)
+        models, losses, new_states = self.engine.run(server, x, y, states, steps)
         if new_states is not None:
             for user, state in zip(users, unstack(new_states, len(users)), strict=True):
                 self.store.put(user, self.state_layout.flatten(state))
+        if steps is not None:  # back to the order asked for
+            back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
+            models, losses = {k: v[back] for k, v in models.items()}, losses[back]
         return models, losses
 
     def n_train(self, user: int) -> int:

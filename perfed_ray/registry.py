@@ -172,6 +172,7 @@ DATASETS = Registry(
         "gaussian": "perfed_ray.data.datasets:GAUSSIAN",
         "synthetic": "perfed_ray.data.synthetic:SYNTHETIC",
         "synthetic-iid": "perfed_ray.data.synthetic:SYNTHETIC_IID",
+        "leaf": "perfed_ray.data.userfiles:LEAF",
     },
     group="perfed_ray.datasets",
     base="perfed_ray.data.datasets:Dataset",
@@ -218,6 +219,7 @@ CLIENT_OPTIMIZERS = Registry(
     "client_optimizer",
     {
         "sgd": "perfed_ray.optimizers.client:SGD",
+        "adam": "perfed_ray.optimizers.client:Adam",
     },
     group="perfed_ray.client_optimizers",
     base="perfed_ray.optimizers.client:ClientOptimizer",
@@ -229,9 +231,9 @@ SERVER_OPTIMIZERS = Registry(
     {
         "mean": "perfed_ray.optimizers.server:Mean",
         "fedavgm": "perfed_ray.optimizers.server:FedAvgM",
-        "fedadagrad": "perfed_ray.optimizers.server:FedAdagrad",
         "fedadam": "perfed_ray.optimizers.server:FedAdam",
         "fedyogi": "perfed_ray.optimizers.server:FedYogi",
+        "fedadagrad": "perfed_ray.optimizers.server:FedAdagrad",
     },
     group="perfed_ray.server_optimizers",
     base="perfed_ray.optimizers.server:ServerOptimizer",

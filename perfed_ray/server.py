@@ -16,15 +16,11 @@ from perfed_ray.registry import ALGORITHMS, SERVER_OPTIMIZERS
 
 
 class Server:
-    """The server's rule and its optimiser's state: the initial state, or `state` as a
-    checkpoint saved it (a checkpoint written before optimisers kept state has none,
-    and its run used the stateless `mean`)."""
-
-    def __init__(self, cfg: RunConfig, template: Params, state: State | None = None) -> None:
+    def __init__(self, cfg: RunConfig, template: Params) -> None:
         self.algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
         self.optimizer = SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg)
         self.layout = FlatParams(template)
-        self.state: State = state or self.optimizer.init(self.layout.flatten(template))
+        self.state: State = self.optimizer.init(self.layout.flatten(template))
         # Whether users keep per-user state: checkpoints then fetch it, and a dead actor
         # means a roll-back rather than a replacement.
         self.stateful = self.algorithm.init_user_state(template) is not None

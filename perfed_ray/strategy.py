@@ -35,23 +35,44 @@ class Participation:
 
 
 class Strategy:
-    """Algorithm 1's policy: m = round(r n) users uniformly without replacement,
-    aggregated by their plain mean (`aggregation: mean`) or weighted by their training
-    samples (`aggregation: samples`), every user evaluated, or a sample of them
-    (`eval_users`). Registered as `uniform`."""
+    """Algorithm 1's policy: m = round(r n) users without replacement, uniformly
+    (`sampling: uniform`) or in proportion to their training samples (`sampling:
+    samples`, as Ditto's and FedProx's authors draw them: numpy's `choice` with p the
+    users' shares of all samples), aggregated by their plain mean (`aggregation: mean`)
+    or weighted by their training samples (`aggregation: samples`); the sampled users
+    train, or every user does (`trained_users: all`); every user evaluated, or a
+    sample of them (`eval_users`). Registered as `uniform`.
 
-    def __init__(self, cfg: RunConfig) -> None:
+    `sizes` are the users' training-sample counts, known on the driver (needed for
+    `sampling: samples` alone)."""
+
+    def __init__(self, cfg: RunConfig, sizes: np.ndarray | None = None) -> None:
         self.cfg = cfg
+        self.sizes = sizes
         self._unseen = self._draw_unseen()
+        self._seen = np.setdiff1d(np.arange(cfg.n_users), self._unseen)
 
     def sample(self, round_: int) -> list[int]:
-        """The users round k trains: never an unseen one."""
+        """The users round k aggregates: never an unseen one."""
         cfg = self.cfg
-        if not cfg.unseen_count:
+        if cfg.sampling == "uniform" and not cfg.unseen_count:
             return sample_users(cfg.seed, round_, cfg.n_users, cfg.users_per_round)
-        seen = np.setdiff1d(np.arange(cfg.n_users), self._unseen)
+        seen = self._seen
+        p = None
+        if cfg.sampling == "samples":
+            if self.sizes is None:
+                raise ValueError("sampling: samples needs the users' training sizes")
+            p = self.sizes[seen] / self.sizes[seen].sum()
         rng = numpy_rng(cfg.seed, Stream.USER_SAMPLING, round_)
-        return sorted(int(u) for u in rng.choice(seen, size=cfg.users_per_round, replace=False))
+        return sorted(int(u) for u in rng.choice(seen, cfg.users_per_round, replace=False, p=p))
+
+    def trained(self, round_: int, reporting: list[int]) -> list[int]:
+        """The users round k trains: the reporting ones (`reporting` itself), or every
+        user that is not unseen (`trained_users: all`), whose per-user state then moves on
+        each round though only the reporting ones reach the server."""
+        if self.cfg.trained_users == "sampled":
+            return reporting
+        return [int(u) for u in self._seen]
 
     def unseen(self) -> list[int]:
         """The users no round trains (`unseen_users`), drawn once from the seed: evaluated

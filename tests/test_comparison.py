@@ -73,3 +73,36 @@ def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, 
         report = (tmp_path / "out" / "report" / "comparison.md").read_text()
         assert "| local |" in report and "| fedavg-ft |" in report
         assert script.main([*args, "--methods", "local", "--dry-run"]) == 0  # now done
+        protocols = tmp_path / "protocols"
+        protocols.mkdir()
+        (protocols / "mine.yaml").write_text("local:\n  trained_users: all\n")
+        monkeypatch.setattr(script, "PROTOCOLS", protocols)
+        assert script.main([*args, "--methods", "local", "--protocol", "mine"]) == 0
+        report = (tmp_path / "out" / "report" / "comparison.md").read_text()
+        assert "| local |" in report and "| local (trained_users=all) |" in report
+
+
+def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(ray_session, tmp_path):
+    from perfed_ray.report.comparison import annotated_runs
+
+    perfed_ray.simulate({**COMPARED, "algorithm": "fedavg"}, tmp_path)
+    perfed_ray.simulate(
+        {**COMPARED, "algorithm": "local", "beta": 0.01, "trained_users": "all"}, tmp_path
+    )
+    runs = annotated_runs(tmp_path).set_index("algorithm")
+    assert runs["setting"].nunique() == 1 and "beta" not in runs["setting"].iloc[0]
+    assert "tau=2" in runs["setting"].iloc[0]  # shared by the table's runs
+    assert runs.loc["fedavg", "method"] == "fedavg (beta=0.001)"
+    assert runs.loc["local", "method"] == "local (beta=0.01, trained_users=all)"
+
+
+def test_the_authors_protocols_are_valid_configurations_of_every_setting():
+    for script in experiment_script("comparison"):
+        protocols = script.protocol("authors")
+        assert {"fedrep", "pfedme", "local", "ditto"} <= set(protocols)
+        cells = script.grid(script.CONFIGS, 1, list(protocols), (), set(), protocols)
+        configs = [cell.cfg() for cell in cells]  # ConfigError if one does not fit
+        fedrep = next(c for c in configs if c.algorithm == "fedrep")
+        assert (
+            fedrep.local_epochs == 11 and fedrep.settings_of("client_optimizer")["momentum"] == 0.5
+        )

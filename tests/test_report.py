@@ -184,3 +184,23 @@ def test_the_study_shows_the_protocol_runs_beside_hf_with_normalized_delta():
     )
     assert fedavg.startswith("60.00 ± n/a") and normalized.startswith("50.00 ± n/a")
     assert hf == "not run<br>paper 46.32"
+
+
+def test_pooled_accuracy_counts_users_by_their_test_samples_and_finds_the_best_round():
+    from perfed_ray.analysis import best_round, pooled_accuracy
+
+    evals = pd.DataFrame(
+        {
+            "run_id": ["r"] * 6,
+            "round": [1, 1, 2, 2, 2, 2],
+            "draw": [0, 0, 0, 0, 1, 1],
+            "user": [0, 1, 0, 1, 0, 1],
+            "n_test": [10, 30, 10, 30, 10, 30],
+            "acc_steps": [[1.0], [0.5], [0.0], [1.0], [1.0], [1.0]],
+        }
+    )
+    pooled = pooled_accuracy(evals).set_index("round")["pooled_accuracy"]
+    assert pooled[1] == pytest.approx((10 + 15) / 40)  # not (1.0 + 0.5) / 2
+    assert pooled[2] == pytest.approx((30 / 40 + 1.0) / 2)  # draws averaged
+    best = best_round(pooled_accuracy(evals)).iloc[0]
+    assert best["best_round"] == 2 and best["final_accuracy"] == best["best_accuracy"]

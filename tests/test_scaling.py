@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from perfed_ray.config import ConfigError, from_mapping
-from perfed_ray.data import DataArrays, input_scaling, load_dataset
+from perfed_ray.data import DataArrays, DataError, input_scaling, load_dataset
 
 CPU = torch.device("cpu")
 
@@ -67,6 +67,31 @@ def test_standardize_constants_come_from_the_whole_training_set():
     assert np.array_equal(a.offset, b.offset) and a.offset.shape == (1,)
     assert a.offset[0] == pytest.approx(data.x_train.mean())
     assert a.divisor[0] == pytest.approx(data.x_train.std())
+
+
+def test_standardize_pixel_is_numpys_per_pixel_standardisation_of_mnist(mnist):
+    """Every pixel by its own mean and standard deviation over the 60,000 training
+    images (pFedMe's and FedProx's generators), constant pixels mapped to 0."""
+    scaling = input_scaling(mnist, "standardize-pixel")
+    pixels = mnist.x_train.astype(np.float64)
+    mean, std = pixels.mean(axis=0), pixels.std(axis=0)
+    np.testing.assert_allclose(scaling.offset, mean, rtol=1e-12, atol=1e-12)
+    # ours from exact integer sums; numpy's two-pass float std differs by ~1e-12 here
+    np.testing.assert_allclose(scaling.divisor, np.where(std > 0, std, 1.0), rtol=1e-9)
+    assert (std == 0).any()  # MNIST's corners: the case that must not divide by zero
+    rows = mnist.x_test[:100]
+    expected = (rows - mean) / np.where(std > 0, std, 1.0)
+    got = scaling.apply(rows, CPU).double().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_float_features_take_only_unit_and_stay_as_they_are():
+    x = np.random.default_rng(0).normal(size=(20, 6)).astype(np.float32)
+    y = np.zeros(20, dtype=np.int64)
+    data = DataArrays("floats", x, y, x, y, (1, 1, 6), 2)
+    assert torch.equal(input_scaling(data, "unit").apply(x, CPU), torch.from_numpy(x))
+    with pytest.raises(DataError, match="floats has real-valued features"):
+        input_scaling(data, "standardize")
 
 
 def test_synthetic_features_are_not_pixels():

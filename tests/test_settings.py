@@ -60,6 +60,42 @@ def test_keys_lists_each_methods_settings_under_its_name():
     assert "ditto_lambda" not in rows
 
 
+def test_committed_results_read_their_flat_method_columns_as_settings():
+    from pathlib import Path
+
+    from perfed_ray.analysis import read_runs
+
+    runs = read_runs(Path(__file__).resolve().parents[1] / "experiments/results/comparison")
+    pfedme = runs[runs["algorithm"] == "pfedme"]
+    assert set(pfedme["pfedme.personal_lr"]) == {0.09, 0.01, 0.1}
+    assert runs.loc[runs["algorithm"] == "ditto", "ditto.lambda"].eq(1.0).all()
+    assert runs.loc[runs["algorithm"] != "ditto", "ditto.lambda"].isna().all()
+    assert "pfedme_lr" not in runs
+
+
+def test_a_sweep_varies_a_methods_setting_like_any_key(tmp_path):
+    import yaml
+
+    from perfed_ray.sweep import spec
+
+    doc = {
+        "config": {"dataset": "gaussian", "algorithm": "pfedme", "pfedme": {"steps": 2}},
+        "grid": {"pfedme.lambda": [1.0, 5.0], "sgd": {"momentum": [0.0, 0.5]}},
+        "sample": {"samples": 2, "uniform": {"pfedme.personal_lr": [0.01, 0.1]}},
+    }
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    sweep = spec.load(path)
+    assert len(sweep.trials) == 8
+    assert set(sweep.varied) == {"pfedme.lambda", "sgd.momentum", "pfedme.personal_lr"}
+    assert {t.settings_of("algorithm")["steps"] for t in sweep.trials} == {2}
+    assert {t.settings_of("algorithm")["lambda"] for t in sweep.trials} == {1.0, 5.0}
+    doc["grid"] = {"pfedme.lamda": [1.0]}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"did you mean 'pfedme\.lambda'"):
+        spec.load(path)
+
+
 def test_an_auto_setting_is_a_column_of_its_declared_type():
     """`apfl.alpha_lr: beta` is stored as None: a null in a float column."""
     import pyarrow as pa

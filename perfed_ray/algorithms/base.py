@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
-from perfed_ray.algorithms.tree import Params, Scalar, sgd
+from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
+from perfed_ray.registry import CLIENT_OPTIMIZERS
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
@@ -50,12 +51,12 @@ class ModelOps(Protocol):
         """grad f(w + step v; D) - grad f(w - step v; D) (an engine may share work
         between the two)."""
 
-    def inner(self, a: Params, b: Params) -> torch.Tensor:
-        """<a, b>, the inner product of two whole trees (per user: a scalar for one
-        user, [U] for users stacked along a leading axis)."""
-
     def norm(self, tree: Params) -> torch.Tensor:
         """The Euclidean norm of a whole tree (per user)."""
+
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        """<a, b> over whole trees, per user (a scalar for one user, [U] for users stacked
+        along a leading axis): APFL's mixing weight's gradient."""
 
 
 class Algorithm:
@@ -71,17 +72,28 @@ class Algorithm:
 
     batches_per_step: ClassVar[int] = 1
     draws_per_step: ClassVar[int | None] = None
+    # Whether the method can run its local work in epochs (`local_epochs`) instead of
+    # tau steps: not Per-FedAvg, whose steps draw three batches each, as its paper does.
+    epochs: ClassVar[bool] = True
     personalise_batches: int = 1
     # The method's own settings: the section of the configuration named after it
     # (`fedrep: {head_epochs: 10}`), validated, listed by `perfed-ray keys`, stored as
     # columns (`fedrep.head_epochs`) and sweepable; read them from `self.settings`.
     settings: ClassVar[dict[str, Setting]] = {}
 
+    @classmethod
+    def validate(cls, cfg: RunConfig) -> None:
+        """Raise ConfigError for a configuration the method cannot run (its settings
+        against the core keys), when the configuration is read: before Ray starts."""
+
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.alpha = cfg.alpha
         self.beta = cfg.beta
         self.settings: dict[str, Any] = cfg.settings_of("algorithm")
+        # The local steps' update rule for methods that use one (`client_optimizer`);
+        # its state lives in the round's local state.
+        self.optimizer = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
 
     # -- client side -------------------------------------------------------------------
     def init_user_state(self, server: Params) -> Params | None:
@@ -91,6 +103,12 @@ class Algorithm:
     def client_init(self, ops: ModelOps, server: Params, user_state: Params | None) -> Any:
         """The local iterate at the start of a round: the server's weights."""
         return server
+
+    def round_steps(self, state: Any, steps: torch.Tensor) -> Any:
+        """The local state told how many steps the user takes this round (`local_epochs`:
+        users of different sizes differ; a per-user count), for a method whose steps
+        depend on it (FedRep's head and body epochs). Most ignore it."""
+        return state
 
     def client_step(
         self, ops: ModelOps, state: Any, batches: Sequence[Batch]
@@ -135,16 +153,31 @@ def client_update(
     steps: Sequence[Sequence[Batch]],
     user_state: Params | None,
     step: Callable[..., tuple[Any, torch.Tensor]] | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[Params, torch.Tensor, Params | None]:
     """One user's round (or a stacked block's): init, one step per entry of `steps`,
     final. Returns the model sent to the server, the mean training loss over the steps
     and the user's next state. Free of Python control flow on values, so `vmap` takes
-    it whole; `step` replaces `algorithm.client_step` (by a compiled one)."""
+    it whole; `step` replaces `algorithm.client_step` (by a compiled one).
+
+    `active` [steps] (or [steps, U] for a stacked block) marks the steps each user
+    takes, for users with different numbers of steps (`local_epochs`): a user's state
+    goes through its inactive steps unchanged and its loss is the mean over its own."""
     step = step or algorithm.client_step
     state = algorithm.client_init(ops, server, user_state)
+    if active is not None:
+        state = algorithm.round_steps(state, active.sum(0))
     losses = []
-    for batches in steps:
-        state, loss = step(ops, state, batches)
+    for t, batches in enumerate(steps):
+        new, loss = step(ops, state, batches)
+        if active is None:
+            state = new
+        else:
+            on = active[t]
+            state = tree_map(lambda n, o, on=on: torch.where(per_user(on, n), n, o), new, state)
+            loss = loss * on
         losses.append(loss)
     update, user_state = algorithm.client_final(ops, server, state)
-    return update, torch.stack(losses).mean(0), user_state
+    losses = torch.stack(losses)
+    mean = losses.mean(0) if active is None else losses.sum(0) / active.sum(0)
+    return update, mean, user_state

@@ -9,7 +9,14 @@ FedAvg's would. The server averages the global copies (Algorithm 1's global upda
 Users are scored on v_k; a user that never trained starts from w^t.
 
 `ditto.lambda` defaults to 1, the value of the authors' run scripts; the personal and
-global steps share the step size beta, as in their code.
+global steps share the step size beta and the client optimiser (plain SGD in their
+code; its state lives for one round).
+
+Where the authors' code (litian96/ditto) differs, and what to set: it draws users in
+proportion to their sample counts (`sampling: samples`); it starts every personal model
+from the initial global model w_0, where here a user's v starts from the global model
+of the first round the user trains or is scored in (not selectable yet: it needs w_0
+on the actors); its local work is epochs over the user's data (`local_epochs`).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import sgd, tree_map
+from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.settings import Setting
 
 
@@ -40,18 +47,17 @@ class Ditto(Algorithm):
         return server
 
     def client_init(self, ops, server, personal):
-        return {"w": server, "v": personal, "anchor": server}
+        opt = self.optimizer.init(server)
+        return {"w": server, "v": personal, "anchor": server, "opt_w": opt, "opt_v": opt}
 
     def client_step(self, ops, state, batches):
         batch = batches[0]
         g_v = ops.grad(state["v"], batch)
         pull = tree_map(lambda g, v, w: g + self.lam * (v - w), g_v, state["v"], state["anchor"])
         g_w, loss = ops.grad_and_loss(state["w"], batch)
-        return {
-            "w": sgd(state["w"], g_w, self.beta),
-            "v": sgd(state["v"], pull, self.beta),
-            "anchor": state["anchor"],
-        }, loss
+        w, opt_w = self.optimizer.step(state["w"], g_w, state["opt_w"], self.beta)
+        v, opt_v = self.optimizer.step(state["v"], pull, state["opt_v"], self.beta)
+        return {"w": w, "v": v, "anchor": state["anchor"], "opt_w": opt_w, "opt_v": opt_v}, loss
 
     def client_final(self, ops, server, state):
         return state["w"], state["v"]

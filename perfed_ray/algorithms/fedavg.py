@@ -1,5 +1,6 @@
 """FedAvg (McMahan et al., AISTATS 2017) as Per-FedAvg's paper runs it (Section 5):
-`tau` local SGD steps ``w <- w - beta grad f(w; D)`` from the server's model, the
+`tau` local SGD steps ``w <- w - beta grad f(w; D)`` from the server's model (or the
+client optimiser's steps: `client_optimizer`, e.g. SGD with momentum), the
 server's model the plain mean of the users' (Algorithm 1 with the rule of eq. (7)
 replaced by SGD), scored after one step of personalisation like every method.
 """
@@ -7,17 +8,26 @@ replaced by SGD), scored after one step of personalisation like every method.
 from __future__ import annotations
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import sgd
 
 
 class FedAvg(Algorithm):
-    """Local SGD on D. Its stream draws D, D' and D'' for each step like Per-FedAvg's
-    and it uses D alone, so that one seed gives FedAvg and Per-FedAvg the same D at
-    every step (and the numbers of runs made before algorithms were values)."""
+    """Local steps of the client optimiser (plain SGD by default) on D. Its stream
+    draws D, D' and D'' for each step like Per-FedAvg's and it uses D alone, so that
+    one seed gives FedAvg and Per-FedAvg the same D at every step (and the numbers of
+    runs made before algorithms were values). The optimiser's state lives for one
+    round, as in the code of McMahan et al.'s successors (`optimizer = SGD(...)` in each
+    client's `train()`)."""
 
     batches_per_step = 1
     draws_per_step = 3
 
-    def client_step(self, ops, w, batches):
-        g, loss = ops.grad_and_loss(w, batches[0])
-        return sgd(w, g, self.beta), loss
+    def client_init(self, ops, server, user_state):
+        return {"w": server, "opt": self.optimizer.init(server)}
+
+    def client_step(self, ops, state, batches):
+        g, loss = ops.grad_and_loss(state["w"], batches[0])
+        w, opt = self.optimizer.step(state["w"], g, state["opt"], self.beta)
+        return {"w": w, "opt": opt}, loss
+
+    def client_final(self, ops, server, state):
+        return state["w"], None

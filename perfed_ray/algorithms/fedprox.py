@@ -2,11 +2,13 @@
 Heterogeneous Networks", MLSys 2020, Algorithm 2.
 
 A sampled user k approximately minimises the proximal local objective of eq. (2),
-h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2, from the server's model w^t, by `tau` SGD
-steps on D: w <- w - beta (grad f(w; D) + mu (w - w^t)), the update of the authors'
-optimiser (litian96/FedProx, flearn/optimizer/pgd.py, PerturbedGradientDescent). The
-server's model is the users' aggregate; users are scored, like FedAvg's, on the global
-model after the default one-step personalisation. With mu = 0 it is FedAvg step for step.
+h_k(w; w^t) = F_k(w) + mu/2 ||w - w^t||^2, from the server's model w^t, by `tau` steps
+of the run's client optimiser on D along grad f(w; D) + mu (w - w^t); with plain SGD
+(the default) that is w <- w - beta (grad f(w; D) + mu (w - w^t)), the update of the
+authors' optimiser (litian96/FedProx, flearn/optimizer/pgd.py,
+PerturbedGradientDescent). The server's model is the users' aggregate; users are
+scored, like FedAvg's, on the global model after the default one-step
+personalisation. With mu = 0 it is FedAvg step for step.
 
 `fedprox.mu` defaults to 1, the paper's best value on MNIST (and on its synthetic data
 and FEMNIST; 0.001 on Shakespeare, 0.01 on Sent140), tuned among {0.001, 0.01, 0.1,
@@ -34,13 +36,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import sgd, tree_map
+from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.settings import Setting
 
 
 class FedProx(Algorithm):
-    """Proximal local SGD. The stream draws D, D', D'' per step like Per-FedAvg's and
-    FedProx uses D, so one seed gives it FedAvg's batches."""
+    """Local SGD on the proximal objective. The stream draws D, D', D'' per step like
+    Per-FedAvg's, and FedProx uses D, so one seed gives it FedAvg's batches (with mu = 0
+    it is FedAvg, step for step)."""
 
     batches_per_step = 1
     draws_per_step = 3
@@ -48,18 +51,16 @@ class FedProx(Algorithm):
         "mu": Setting(1.0, "weight mu of the proximal term mu/2 ‖w - w^t‖^2", low=0),
     }
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.mu = self.settings["mu"]
-
     def client_init(self, ops, server, user_state):
-        return {"w": server, "anchor": server}
+        return {"w": server, "anchor": server, "opt": self.optimizer.init(server)}
 
     def client_step(self, ops, state, batches):
         w, anchor = state["w"], state["anchor"]
         g, loss = ops.grad_and_loss(w, batches[0])
-        pulled = tree_map(lambda g, w, a: g + self.mu * (w - a), g, w, anchor)
-        return {"w": sgd(w, pulled, self.beta), "anchor": anchor}, loss
+        mu = self.settings["mu"]
+        proximal = tree_map(lambda g, w, a: g + mu * (w - a), g, w, anchor)
+        w, opt = self.optimizer.step(w, proximal, state["opt"], self.beta)
+        return {"w": w, "anchor": anchor, "opt": opt}, loss
 
     def client_final(self, ops, server, state):
         return state["w"], None

@@ -3,23 +3,36 @@ for Personalized Federated Learning", ICML 2021, Algorithm 1.
 
 The model is a shared body (the representation phi) and a head h_i per user (the last
 layer), which the user keeps on its actor between rounds. In a round a sampled user
-takes the server's body and its own head, first trains the head alone for
-tau - `fedrep.body_steps` steps (eq. 3's head update, body fixed), then the body alone
-for `fedrep.body_steps` steps (its body update, head fixed), both SGD of size beta on
-D. The server averages the bodies. Users are scored on their own head over the
-server's body and personalise by training the head alone (step size alpha), as the
-paper adapts new clients (Section 5.2).
+takes the server's body and its own head, first trains the head alone (eq. 3's head
+update, body fixed), then the body alone (its body update, head fixed), with the
+client optimiser at step size beta. The server averages what it is sent, heads
+included. Users are scored on their own head over the server's body and personalise
+by training the head alone (step size alpha), as the paper adapts new clients
+(Section 5.2); a newcomer's head is the server's, the mean of the trained heads.
 
-Defaults follow the authors' code (lgcollins/FedRep): one body epoch after the head
-epochs (`--local_rep_ep 1` of `--local_ep 10`), here one body step after tau - 1 head
-steps; one step size for both. Their server keeps its head at initialisation; here
-the server also averages the heads it is sent, so that a newcomer (an unseen user)
-starts its head from the mean of the trained heads rather than from noise.
+Two protocols:
+- the Per-FedAvg paper's (the default): tau - `fedrep.body_steps` single-batch steps on
+  the head, then `fedrep.body_steps` on the body, plain SGD;
+- its authors' (lgcollins/FedRep, main_fedrep.py, models/Update.py, scripts/
+  FedRep_cifar10_2shards.sh): `local_epochs: 11` split into `fedrep.head_epochs: 10`
+  then `fedrep.body_epochs: 1` passes over the user's data in batches of 10
+  (`--local_ep 11 --local_rep_ep 1 --local_bs 10`), SGD with lr 0.01 and momentum 0.5
+  (`beta: 0.01`, `sgd: {momentum: 0.5, weight_decay: 0.0001}`); the optimiser is made
+  anew in each client's train(), so its state lives for one round.
+
+The authors' server averages every parameter it is sent, heads too, weighted by the
+users' sample counts (all 1 for their CIFAR splits: a plain mean) and loads the result
+as its model, while each user trains and is scored with its own kept head: as here.
+Where we differ: their weight decay applies to weights only, not biases (here the
+client optimiser decays every parameter); their last round trains every user and
+fine-tunes on `--m_ft` samples, which our evaluation's personalisation replaces; their
+accuracy counts correct answers over all users' test samples together (this project's
+`pooled_accuracy`) where PROTOCOL.md averages over users.
 
 Which of the two parts a step trains is a mask on the step size driven by a step
-counter in the local state, not Python control flow, so the method runs whole under
-`vmap`, the stacked engine and `torch.compile`; a full gradient per step costs what
-FedAvg's does.
+counter in the local state (and, in epochs, each user's own count of head steps), not
+Python control flow, so the method runs whole under `vmap`, the stacked engine and
+`torch.compile`; a full gradient per step costs what FedAvg's does.
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ from typing import ClassVar
 import torch
 
 from perfed_ray.algorithms.base import Algorithm
-from perfed_ray.algorithms.tree import Params
+from perfed_ray.algorithms.tree import Params, per_user, tree_map
 from perfed_ray.errors import ConfigError
 from perfed_ray.settings import Setting
 
@@ -39,6 +52,11 @@ def head_keys(params: Params) -> list[str]:
     parameter's module prefix, e.g. ``fc3.weight`` and ``fc3.bias``)."""
     last = next(reversed(params)).rpartition(".")[0]
     return [k for k in params if k.rpartition(".")[0] == last]
+
+
+def _parts(params: Params) -> dict[str, list[str]]:
+    head = head_keys(params)
+    return {"head": head, "body": [k for k in params if k not in head]}
 
 
 class FedRep(Algorithm):
@@ -53,17 +71,33 @@ class FedRep(Algorithm):
             low=1,
             legacy="fedrep_body_steps",
         ),
+        "head_epochs": Setting(
+            10, "with local_epochs: epochs on the head first (the authors' 10)", low=0
+        ),
+        "body_epochs": Setting(
+            1, "with local_epochs: then epochs on the body (the authors' 1)", low=1
+        ),
     }
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        mine = cfg.settings_of("algorithm")
+        epochs = mine["head_epochs"] + mine["body_epochs"]
+        if cfg.local_epochs is not None and epochs != cfg.local_epochs:
+            raise ConfigError(
+                f"local_epochs = {cfg.local_epochs} is not fedrep.head_epochs + "
+                f"fedrep.body_epochs = {epochs}: a round is the head's epochs then the body's"
+            )
+        if cfg.local_epochs is None and mine["body_steps"] > cfg.tau:
+            raise ConfigError(
+                f"fedrep.body_steps = {mine['body_steps']} exceeds tau = {cfg.tau}: "
+                "a round has tau local steps, head steps first, then body steps"
+            )
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        body = self.settings["body_steps"]
-        if body > cfg.tau:
-            raise ConfigError(
-                f"fedrep.body_steps = {body} exceeds tau = {cfg.tau}: "
-                "a round has tau local steps, head steps first, then body steps"
-            )
-        self.head_steps = cfg.tau - body
+        self.epochs_split = (self.settings["head_epochs"], self.settings["body_epochs"])
+        self.head_steps = cfg.tau - self.settings["body_steps"]
 
     def init_user_state(self, server):
         return {k: server[k] for k in head_keys(server)}
@@ -72,16 +106,38 @@ class FedRep(Algorithm):
         return {k: head.get(k, v) for k, v in server.items()}
 
     def client_init(self, ops, server, head):
-        return {"w": self.personal_model(ops, server, head), "t": torch.zeros(())}
+        w = self.personal_model(ops, server, head)
+        parts = _parts(w)
+        opt = {part: self.optimizer.init({k: w[k] for k in keys}) for part, keys in parts.items()}
+        return {"w": w, "t": torch.zeros(()), "opt": opt}
+
+    def round_steps(self, state, steps):
+        """With local_epochs, a user of S batches an epoch takes head_epochs * S head
+        steps of its head_epochs + body_epochs epochs' steps."""
+        head, body = self.epochs_split
+        return {**state, "head_steps": torch.div(steps * head, head + body, rounding_mode="floor")}
 
     def client_step(self, ops, state, batches):
+        """A step of the client optimiser on the part this step trains: each part's
+        step size is beta or 0, and its optimiser state (momentum) moves only while the
+        part trains, as PyTorch's optimiser skips a frozen parameter."""
         w, t = state["w"], state["t"]
         g, loss = ops.grad_and_loss(w, batches[0])
-        body = (t >= self.head_steps).to(loss.dtype)
-        head = set(head_keys(w))
-        lr = {k: self.beta * ((1 - body) if k in head else body) for k in w}
-        w = {k: v - lr[k] * g[k] for k, v in w.items()}
-        return {"w": w, "t": t + 1}, loss
+        on_body = t >= state.get("head_steps", self.head_steps)
+        new_w, opt = dict(w), {}
+        for part, keys in _parts(w).items():
+            trains = on_body if part == "body" else ~on_body
+            stepped, moved = self.optimizer.step(
+                {k: w[k] for k in keys},
+                {k: g[k] for k in keys},
+                state["opt"][part],
+                self.beta * trains.to(loss.dtype),
+            )
+            new_w.update(stepped)
+            opt[part] = tree_map(
+                lambda n, o, s=trains: torch.where(per_user(s, n), n, o), moved, state["opt"][part]
+            )
+        return {**state, "w": new_w, "t": t + 1, "opt": opt}, loss
 
     def client_final(self, ops, server, state):
         w = state["w"]

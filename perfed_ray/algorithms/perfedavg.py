@@ -20,6 +20,7 @@ class PerFedAvgFO(Algorithm):
     """Per-FedAvg (FO), Section 5 (i): the Hessian term dropped, direction g."""
 
     batches_per_step = 3
+    epochs = False  # tau steps of three fresh batches each, as the paper runs them
 
     def outer_gradient(self, ops, w, batches):
         """g = grad f(w~; D') with w~ = w - alpha grad f(w; D); also f(w; D)."""

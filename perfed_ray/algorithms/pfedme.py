@@ -12,8 +12,18 @@ from the global model.
 
 Defaults are the authors' for MNIST with the MLP (README of CharlieDinh/pFedMe):
 lambda = 15, K = 5, personal step 0.09, beta_s = 1; their local step 0.005 is this
-configuration's `beta`. Unlike their code, which trains every user each round and
-aggregates the sampled ones, only sampled users train here (Algorithm 1 as written).
+configuration's `beta`.
+
+Who trains: in the paper's Algorithm 1 and in the authors' code every user runs its R
+local steps each round and the server aggregates a sampled subset S of them, so every
+user's theta is fresh each round: that is `trained_users: all`. The default,
+`trained_users: sampled`, is the Per-FedAvg protocol's (only sampled users train),
+under which a user's theta dates from the last round it was sampled in. The authors'
+"local_epochs" (20 for MNIST) are local steps, each on one batch: this configuration's
+`tau`. Their reported figure is the personalised models' accuracy counted over all
+users' test samples together (correct answers / test samples), at the best round,
+averaged over runs; this project's headline is the unweighted mean over users of a
+personalised model's accuracy at the final round (`perfed_ray.analysis` computes both).
 """
 
 from __future__ import annotations

@@ -14,8 +14,15 @@ from perfed_ray.seeding import Stream, torch_generator
 
 
 def draw(n: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    """One batch of indices into range(n)."""
-    return torch.randperm(n, generator=gen)[:batch_size]
+    """One batch of indices into range(n), without replacement. A user with fewer than
+    `batch_size` samples (a data set's own users may be so small) gets all of them,
+    then more from further permutations up to `batch_size`: every batch of a round has
+    one shape, which the engines need, and its gradient stays close to the full-batch
+    one the authors' DataLoader would give such a user."""
+    if n >= batch_size:
+        return torch.randperm(n, generator=gen)[:batch_size]
+    rounds = -(-batch_size // n)
+    return torch.cat([torch.randperm(n, generator=gen) for _ in range(rounds)])[:batch_size]
 
 
 def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,6 +51,30 @@ def round_indices(
     gen = torch_generator(seed, Stream.LOCAL_TRAINING, user, round_)
     idx = torch.stack([draw(n, batch_size, gen) for _ in range(tau * drawn)])
     return idx.view(tau, drawn, -1)[:, :per_step]
+
+
+def epoch_indices(
+    seed: int, user: int, round_: int, n: int, epochs: int, batch_size: int
+) -> torch.Tensor:
+    """`epochs` passes over the user's n samples in batches of `batch_size`, each pass a
+    fresh permutation from the user's stream for the round: [epochs * ceil(n / B), 1, B].
+    The last batch of a pass, when B does not divide n, is filled up with the first
+    samples of the same permutation, so every batch holds B samples (PyTorch's
+    DataLoader gives a smaller last batch; the engines need one shape for a round's
+    steps)."""
+    gen = torch_generator(seed, Stream.LOCAL_TRAINING, user, round_)
+    per_epoch = -(-n // batch_size)
+    repeats = -(-per_epoch * batch_size // n)
+    passes = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        passes.append(order.repeat(repeats)[: per_epoch * batch_size].view(per_epoch, batch_size))
+    return torch.cat(passes).unsqueeze(1)
+
+
+def steps_in(n: int, epochs: int | None, tau: int, batch_size: int) -> int:
+    """A user's local steps in a round: tau, or `epochs` passes over its n samples."""
+    return tau if epochs is None else epochs * -(-n // batch_size)
 
 
 def evaluation_indices(

@@ -4,7 +4,8 @@ Images are kept as uint8, flattened in channel-height-width order (the
 protocol's 784 and 3072 features), so one read-only copy can sit in Ray's
 object store and be shared by every actor of a node; a user's shard is
 turned into floats (by `input_scale`, see scaling.py) only inside the actor
-that hosts it.
+that hosts it. Data sets that come split by user (userfiles.py) are kept the
+same way, as one copy, with float features and their users' index ranges.
 """
 
 from __future__ import annotations
@@ -26,16 +27,28 @@ DEFAULT_ROOT = Path("~/.cache/perfed-ray/data")
 
 
 @dataclass(frozen=True)
-class DataArrays:
-    """A whole data set, train and test, with what models and partitioners need to know."""
+class OwnUser:
+    """A user that the data set's own files define: its name there, and where its
+    samples lie in the concatenated arrays ([start, stop) of train and of test)."""
 
     name: str
-    x_train: np.ndarray  # uint8 [N, features]
+    train: tuple[int, int]
+    test: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class DataArrays:
+    """A whole data set, train and test, with what models and partitioners need to know;
+    `users`, for a data set that comes split by user, are its own users in order."""
+
+    name: str
+    x_train: np.ndarray  # uint8 pixels, or float32 features already scaled [N, features]
     y_train: np.ndarray  # int64 [N]
     x_test: np.ndarray
     y_test: np.ndarray
     input_shape: tuple[int, int, int]  # (channels, height, width)
     n_classes: int
+    users: tuple[OwnUser, ...] = ()
 
 
 def resolve_root(data_root: str | None) -> Path:
@@ -193,12 +206,14 @@ class Dataset:
     """A registered data set (:data:`perfed_ray.registry.DATASETS`): how to load it, or
     (`load` None) how to generate one user's data from (seed, alpha, beta, user) inside
     the actors (:mod:`perfed_ray.data.synthetic`); whether it needs files under the
-    data root, and `a` of the paper split."""
+    data root, `a` of the paper split, and whether it comes split by user (`folder`:
+    `load` is handed `data_folder` instead of the root, and the users are the files')."""
 
     load: Callable[[Path, bool, int], DataArrays] | None
     files: bool = True
     paper_a: int | None = None
     generate: Callable[[int, float, float, int], tuple[np.ndarray, ...]] | None = None
+    folder: bool = False
 
 
 MNIST = Dataset(load_mnist, paper_a=196)
@@ -217,10 +232,15 @@ def paper_a(name: str) -> int | None:
     return dataset(name).paper_a
 
 
-def load_dataset(name: str, data_root: str | None, download: bool, seed: int) -> DataArrays:
-    """Load a data set by its configuration name; raises DataError with the fix."""
+def load_dataset(
+    name: str, data_root: str | None, download: bool, seed: int, data_folder: str = ""
+) -> DataArrays:
+    """Load a data set by its configuration name (one split by user from `data_folder`,
+    absolute or relative to the data root); raises DataError with the fix."""
     root = resolve_root(data_root)
     spec = dataset(name)
+    if spec.folder:
+        return spec.load(root / Path(data_folder).expanduser(), download, seed)
     if spec.files and not root.is_dir() and not download:
         raise DataError(
             f"data root {root} does not exist: set data_root or ${DATA_ENV} to "

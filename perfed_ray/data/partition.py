@@ -1,9 +1,10 @@
 """Partitioners: which samples of a data set belong to which user.
 
-Every partitioner only decides a count matrix, how many samples of each
-class each user gets (for train and for test); one function then draws the
-samples, without replacement and with a seeded generator, so users' shards
-are disjoint by construction whatever the partitioner.
+Every partitioner but `natural` only decides a count matrix, how many samples
+of each class each user gets (for train and for test); one function then draws
+the samples, without replacement and with a seeded generator, so users' shards
+are disjoint by construction whatever the partitioner. `natural` returns the
+users that a data set split by user brings (`leaf`), exactly as its files have them.
 
 - `paper`: Section 5 and Appendix I (Table 2) as `PROTOCOL.md` fixes it.
 - `paper-diff`: the "diff. hetero." row of Table 1.
@@ -139,12 +140,24 @@ def paper_diff(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Co
     return _paper_split(cfg, data, diff=True)
 
 
-def natural(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
-    """The data set's own users: generated data sets (synthetic) have no split to make."""
-    raise DataError(
-        f"partition natural keeps a generated data set's own users; "
-        f"{data.name} is a plain data set: use paper, iid or dirichlet"
-    )
+def natural(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> list[UserIndices]:
+    """The data set's own users, in its order, each its index ranges: those of a data
+    set split by user (`leaf`). Generated data sets (synthetic) make theirs in the
+    actors and never come here."""
+    if not data.users:
+        raise DataError(
+            f"partition natural keeps the users of a data set split by user (leaf) or "
+            f"generated (synthetic); {data.name} is a plain data set: use paper, iid or dirichlet"
+        )
+    if cfg.n_users != len(data.users):
+        raise DataError(
+            f"n_users = {cfg.n_users}, but the folder holds {len(data.users)} users: "
+            f"set n_users: {len(data.users)}"
+        )
+    return [
+        UserIndices(u, "all", np.arange(*own.train), np.arange(*own.test))
+        for u, own in enumerate(data.users)
+    ]
 
 
 def iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
@@ -203,7 +216,15 @@ def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> 
     return Counts(train, test, ["all"] * cfg.n_users)
 
 
-Partitioner = Callable[[RunConfig, DataArrays, np.random.Generator], Counts]
+Partitioner = Callable[[RunConfig, DataArrays, np.random.Generator], Counts | list[UserIndices]]
+
+
+def _drawn(data: DataArrays, counts: Counts, rng: np.random.Generator) -> list[UserIndices]:
+    """Users whose samples are drawn to fill the counts."""
+    fix = "lower n_users (or paper_a), or choose another partition"
+    train = draw_disjoint(data.y_train, counts.train, rng, "training", data.name, fix)
+    test = draw_disjoint(data.y_test, counts.test, rng, "test", data.name, fix)
+    return [UserIndices(u, counts.groups[u], train[u], test[u]) for u in range(len(train))]
 
 
 def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
@@ -212,15 +233,16 @@ def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
 
     rng = numpy_rng(cfg.seed, Stream.PARTITION)
     partitioner: Partitioner = PARTITIONERS.load(cfg.partition)
-    counts = partitioner(cfg, data, rng)
-    fix = "lower n_users (or paper_a), or choose another partition"
-    train = draw_disjoint(data.y_train, counts.train, rng, "training", data.name, fix)
-    test = draw_disjoint(data.y_test, counts.test, rng, "test", data.name, fix)
-    small = [u for u, idx in enumerate(train) if len(idx) < cfg.batch_size]
-    if small:
+    split = partitioner(cfg, data, rng)
+    users = _drawn(data, split, rng) if isinstance(split, Counts) else split
+    # A data set's own users are what they are: one smaller than a batch gets batches
+    # of all its samples, filled up to batch_size (perfed_ray.data.batches.draw).
+    small = [u for u in users if len(u.train) < cfg.batch_size]
+    if small and isinstance(split, Counts):
+        fix = "n_users"
         raise DataError(
-            f"{len(small)} users (first: user {small[0]}, "
-            f"{len(train[small[0]])} samples) have fewer training samples than "
-            f"batch_size = {cfg.batch_size}: lower batch_size or n_users"
+            f"{len(small)} users (first: user {small[0].user}, "
+            f"{len(small[0].train)} samples) have fewer training samples than "
+            f"batch_size = {cfg.batch_size}: lower batch_size or {fix}"
         )
-    return [UserIndices(u, counts.groups[u], train[u], test[u]) for u in range(cfg.n_users)]
+    return users

@@ -47,10 +47,11 @@ class PartitionedShards:
     input_shape: tuple[int, int, int]
     n_classes: int
     scaling: InputScaling
+    data_folder: str = ""
 
     def data_for(self, data: DataArrays | None) -> DataArrays:
         if data is None:
-            data = load_dataset(self.dataset, self.data_root, False, self.seed)
+            data = load_dataset(self.dataset, self.data_root, False, self.seed, self.data_folder)
         return data
 
     def shards(

@@ -29,11 +29,22 @@ _SCALE = np.arange(1, FEATURES + 1) ** -0.6  # sqrt of diag(j^-1.2)
 UserData = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
+def _size(rng: np.random.Generator) -> int:
+    """A user's sample count: the first draw of its stream, the power law."""
+    return int(rng.lognormal(4, 2)) + 50
+
+
+def train_size(seed: int, user: int) -> int:
+    """A generated user's training-sample count, without generating its data (the
+    driver's, for `sampling: samples`)."""
+    return int(TRAIN_FRACTION * _size(numpy_rng(seed, Stream.DATA, user)))
+
+
 def synthetic_user(seed: int, alpha: float, beta: float, user: int) -> UserData:
     """(x_train, y_train, x_test, y_test) of one Synthetic(alpha, beta) user, float32
     features."""
     rng = numpy_rng(seed, Stream.DATA, user)
-    n = int(rng.lognormal(4, 2)) + 50
+    n = _size(rng)
     mean_w = rng.normal(0, alpha)
     b_mean = rng.normal(0, beta)
     centre = rng.normal(b_mean, 1, FEATURES)
@@ -48,7 +59,7 @@ def synthetic_iid_user(seed: int, alpha: float, beta: float, user: int) -> UserD
     weights = shared.normal(0, 1, (FEATURES, CLASSES))
     bias = shared.normal(0, 1, CLASSES)
     rng = numpy_rng(seed, Stream.DATA, user)
-    n = int(rng.lognormal(4, 2)) + 50
+    n = _size(rng)
     return _labelled(rng.normal(size=(n, FEATURES)) * _SCALE, weights, bias)
 
 

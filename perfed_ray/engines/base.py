@@ -53,7 +53,19 @@ class Engine:
         self.model = model
 
     def run(
-        self, server: Params, x: torch.Tensor, y: torch.Tensor, states: Params | None
+        self,
+        server: Params,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        states: Params | None,
+        steps: torch.Tensor | None = None,
     ) -> Result:
-        """x [U, tau, batches_per_step, B, ...], y likewise; `states` stacked [U, ...]."""
+        """x [U, T, batches_per_step, B, ...], y likewise; `states` stacked [U, ...];
+        `steps` [U], the local steps each user takes (the first of the T; all T when
+        None): users of different sizes under `local_epochs`."""
         raise NotImplementedError
+
+
+def active_steps(steps: torch.Tensor, total: int) -> torch.Tensor:
+    """[U, total] bool: step t is one of user u's own."""
+    return torch.arange(total, device=steps.device)[None, :] < steps[:, None]

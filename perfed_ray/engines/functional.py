@@ -41,9 +41,9 @@ class FunctionalOps:
         minus = self.grad(axpy(params, v, -step), batch)
         return sub(plus, minus)
 
+    def norm(self, tree: Params) -> torch.Tensor:
+        return torch.sqrt(self.inner(tree, tree))
+
     def inner(self, a: Params, b: Params) -> torch.Tensor:
         pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
         return sum((x * y).sum() for x, y in pairs)
-
-    def norm(self, tree: Params) -> torch.Tensor:
-        return torch.sqrt(self.inner(tree, tree))

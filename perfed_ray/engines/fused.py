@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from perfed_ray.algorithms.base import client_update
-from perfed_ray.engines.base import Engine, Result, steps_of
+from perfed_ray.engines.base import Engine, Result, active_steps, steps_of
 from perfed_ray.engines.stacked import StackedOps, chain_of
 
 BLOCK = 16
@@ -45,14 +45,20 @@ class Fused(Engine):
             compile_cache()
             self.step = torch.compile(algorithm.client_step)
 
-    def block(self, server, x, y, states) -> Result:
+    def block(self, server, x, y, states, steps) -> Result:
+        """One block; with `steps`, only as many of the T steps as its busiest user takes
+        (users sorted by their steps make blocks of like users), the rest masked."""
         n = len(x)
         stacked = {k: v.expand(n, *v.shape).contiguous() for k, v in server.items()}
+        active = None
+        if steps is not None:
+            longest = int(steps.max())
+            x, y, active = x[:, :longest], y[:, :longest], active_steps(steps, longest).T
         return client_update(
-            self.algorithm, self.ops, stacked, steps_of(x, y, axis=1), states, self.step
+            self.algorithm, self.ops, stacked, steps_of(x, y, axis=1), states, self.step, active
         )
 
-    def run(self, server, x, y, states) -> Result:
+    def run(self, server, x, y, states, steps=None) -> Result:
         parts = []
         for start in range(0, len(x), BLOCK):
             cut = slice(start, start + BLOCK)
@@ -61,7 +67,8 @@ class Fused(Engine):
                 if states is None
                 else torch.utils._pytree.tree_map(lambda s, c=cut: s[c], states)
             )
-            parts.append(self.block(server, x[cut], y[cut], block_states))
+            block_steps = None if steps is None else steps[cut]
+            parts.append(self.block(server, x[cut], y[cut], block_states, block_steps))
         if len(parts) == 1:
             return parts[0]
         models, losses, new_states = zip(*parts, strict=True)

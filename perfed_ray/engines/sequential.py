@@ -10,11 +10,18 @@ from perfed_ray.engines.functional import FunctionalOps
 
 
 class Sequential(Engine):
-    def run(self, server, x, y, states) -> Result:
+    """Each user's own steps alone: the reference that the batched engines, which mask
+    the steps a user does not take, are tested against."""
+
+    def run(self, server, x, y, states, steps=None) -> Result:
         ops = FunctionalOps(self.model)
-        results = [
-            client_update(self.algorithm, ops, server, steps_of(x[u], y[u]), state)
-            for u, state in enumerate(unstack(states, len(x)))
-        ]
+        results = []
+        for u, state in enumerate(unstack(states, len(x))):
+            mine = x.shape[1] if steps is None else int(steps[u])
+            active = None if steps is None else torch.ones(mine, dtype=torch.bool)
+            batches = steps_of(x[u, :mine], y[u, :mine])
+            results.append(
+                client_update(self.algorithm, ops, server, batches, state, active=active)
+            )
         models, losses, new_states = zip(*results, strict=True)
         return stack(models), torch.stack(losses), stack(new_states)

@@ -156,9 +156,9 @@ class StackedOps:
         self._first_layer(diff, dzs[0] - dzs[1], x)
         return {k: diff[k] for k in params}
 
+    def norm(self, tree: Params) -> torch.Tensor:
+        return torch.sqrt(self.inner(tree, tree))
+
     def inner(self, a: Params, b: Params) -> torch.Tensor:
         pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
         return sum((x * y).flatten(1).sum(1) for x, y in pairs)
-
-    def norm(self, tree: Params) -> torch.Tensor:
-        return torch.sqrt(self.inner(tree, tree))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from perfed_ray.algorithms.tree import Params, Scalar, sgd, tree_map
+from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
@@ -65,17 +65,49 @@ class SGD(ClientOptimizer):
     def init(self, params: Params) -> Params:
         if not self.momentum:
             return {}
-        return {"buffer": tree_map(torch.zeros_like, params), "started": torch.zeros(())}
+        return {"buffer": tree_map(torch.zeros_like, params)}
 
     def step(self, params, grad, state, lr):
         if self.weight_decay:
             grad = tree_map(lambda g, w: g + self.weight_decay * w, grad, params)
         if not self.momentum:
             return sgd(params, grad, lr), state
-        # b_1 = g_1 (PyTorch's first step), then b_t = mu b_{t-1} + g_t.
-        mu = self.momentum * state["started"]
-        buffer = tree_map(lambda b, g: mu * b + g, state["buffer"], grad)
+        # b_t = mu b_{t-1} + g_t from b_0 = 0: PyTorch's b_1 = g_1.
+        buffer = tree_map(lambda b, g: self.momentum * b + g, state["buffer"], grad)
         direction = (
             tree_map(lambda g, b: g + self.momentum * b, grad, buffer) if self.nesterov else buffer
         )
-        return sgd(params, direction, lr), {"buffer": buffer, "started": torch.ones(())}
+        return sgd(params, direction, lr), {"buffer": buffer}
+
+
+class Adam(ClientOptimizer):
+    """PyTorch's `torch.optim.Adam` (L2 weight decay added to the gradient, bias-corrected
+    moments): m <- b1 m + (1 - b1) g, v <- b2 v + (1 - b2) g^2,
+    w <- w - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+
+    settings: ClassVar[dict[str, Setting]] = {
+        "beta1": Setting(0.9, "first moment's decay", low=0, high=1),
+        "beta2": Setting(0.999, "second moment's decay", low=0, high=1),
+        "eps": Setting(1e-8, "added to the second moment's root", low=0, low_open=True),
+        "weight_decay": Setting(0.0, "L2 weight decay added to the gradient", low=0),
+    }
+
+    def init(self, params: Params) -> Params:
+        zeros = tree_map(torch.zeros_like, params)
+        dtype = next(iter(zeros.values())).dtype  # bias corrections in the model's precision
+        return {"m": zeros, "v": zeros, "t": torch.zeros((), dtype=dtype)}
+
+    def step(self, params, grad, state, lr):
+        o = self.options
+        b1, b2 = o["beta1"], o["beta2"]
+        if o["weight_decay"]:
+            grad = tree_map(lambda g, w: g + o["weight_decay"] * w, grad, params)
+        t = state["t"] + 1
+        m = tree_map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grad)
+        v = tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grad)
+        first, second = 1 - b1**t, 1 - b2**t
+
+        def direction(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return (m / per_user(first, m)) / (torch.sqrt(v / per_user(second, v)) + o["eps"])
+
+        return sgd(params, tree_map(direction, m, v), lr), {"m": m, "v": v, "t": t}

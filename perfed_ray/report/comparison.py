@@ -24,8 +24,10 @@ from perfed_ray.registry import ALGORITHMS
 from perfed_ray.report.cells import MECHANICS
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
-# How a method is run, besides its own section's settings: part of the method's label,
-# not of the setting's.
+# How a method is trained, besides its own section's settings (its local work, who
+# trains and how users are drawn, its optimisers): part of the method's label, not of
+# the setting's, so one method run by the Per-FedAvg protocol and by its authors' sits
+# in the same table as the others.
 METHOD_KEYS = {
     "delta",
     "hf_delta",
@@ -34,6 +36,9 @@ METHOD_KEYS = {
     "sampling",
     *SECTIONED,
 }
+# The shared protocol's keys: part of the setting where a table's runs agree on them,
+# else of each method's label (a method run with its authors' step size and batch).
+PROTOCOL_KEYS = ("tau", "beta", "batch_size")
 # Published figures beside ours, where a setting matches a method's own paper:
 # {setting label: {method: (accuracy %, source)}}. pFedMe's: its personalised models'
 # test accuracy in the authors' results file for this setting (CharlieDinh/pFedMe,
@@ -60,6 +65,7 @@ def _setting_keys(runs: pd.DataFrame) -> list[str]:
         and k not in MECHANICS
         and k not in {"algorithm", "seed"}
         and not _method_key(k)
+        and k not in PROTOCOL_KEYS
     ]
 
 
@@ -74,10 +80,12 @@ def _label(values: pd.Series, keys: list[str]) -> str:
     return f"{values['dataset']}: " + ", ".join(shown)
 
 
-def _method(run: pd.Series) -> str:
-    """The algorithm, with its own knobs where they differ from the defaults."""
+def _method(run: pd.Series, varying: set[str]) -> str:
+    """The algorithm, with its own knobs where they differ from the defaults, and the
+    shared protocol's keys that differ between the methods of its table."""
     sections = {section_name(run[k]) for k in SECTIONED if k in run and isinstance(run[k], str)}
-    own = [
+    own = [f"{k}={run[k]}" for k in PROTOCOL_KEYS if k in varying]
+    own += [
         f"{k}={run[k]}"
         for k in run.index
         if _method_key(k) and k not in SECTIONED and not pd.isna(run[k])
@@ -96,10 +104,15 @@ def annotated_runs(out: str | Path) -> pd.DataFrame:
     if runs.empty:
         raise InputError(f"{out} holds no runs")
     keys = _setting_keys(runs)
-    return runs.assign(
-        setting=[_label(r, keys) for _, r in runs.iterrows()],
-        method=[_method(r) for _, r in runs.iterrows()],
-    )
+    runs = runs.assign(setting=[_label(r, keys) for _, r in runs.iterrows()])
+    settings, methods = [], []
+    for _, group in runs.groupby("setting", sort=False):
+        varying = {k for k in PROTOCOL_KEYS if group[k].nunique() > 1}
+        shared = [k for k in FIELDS if k in keys or (k in PROTOCOL_KEYS and k not in varying)]
+        for index, run in group.iterrows():
+            settings.append((index, _label(run, shared)))
+            methods.append((index, _method(run, varying)))
+    return runs.assign(setting=pd.Series(dict(settings)), method=pd.Series(dict(methods)))
 
 
 def per_run(out: str | Path, runs: pd.DataFrame) -> pd.DataFrame:

@@ -99,15 +99,27 @@ class UserActor:
         }
 
     def train(
-        self, weights: np.ndarray, users: list[int], round_: int, per_user: bool = False
+        self,
+        weights: np.ndarray,
+        users: list[int],
+        round_: int,
+        per_user: bool = False,
+        aggregated: list[int] | None = None,
     ) -> UpdateSum:
-        """Local updates of the given users from the global weights, weighted and summed."""
+        """Local updates of the given users from the global weights, weighted and summed
+        over the `aggregated` ones (all of them unless given: with `trained_users: all`
+        every user trains, its state moves on, and only the sampled ones are summed)."""
         if self.actor == 0:
             faults.crash_at("actor-always", round_)
             if self.incarnation == 0:
                 faults.crash_at("actor", round_)
         start = self.flat.unflatten(weights, self.device)  # never modified in place
         models, losses = self.learner.train(start, users, round_)
+        if aggregated is not None:
+            summed = set(aggregated)
+            keep = torch.tensor([u in summed for u in users], device=self.device)
+            models, losses = {k: v[keep] for k, v in models.items()}, losses[keep]
+            users = [u for u in users if u in summed]
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
         if all(w == 1.0 for w in weights_):

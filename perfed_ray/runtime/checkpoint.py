@@ -5,10 +5,9 @@ Under ``<out>/checkpoints/run_id=<id>/``:
 - ``run.json``, written at the start of every sitting: the resolved configuration, the
   users' placement on actors, when the run started and how often it was resumed;
 - ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
-  round k, the global model w_k, the server optimiser's state (FedAdam's moments, as
-  ``server.<name>`` arrays), every user's per-user state (for methods that keep one),
-  how many rows of each table belong to rounds up to k, the wall time spent so far
-  and the last evaluated accuracy.
+  round k, the global model w_k, the server optimiser's state (FedAdam's moments), every
+  user's per-user state (for methods that keep one), how many rows of each table
+  belong to rounds up to k, the wall time spent so far and the last evaluated accuracy.
 
 No random generator state is saved because the run has none that evolves: every
 draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
@@ -35,7 +34,6 @@ from perfed_ray.results.writer import write_atomically
 
 FOLDER = "checkpoints"
 _RUN_ID = re.compile(r"run_id=(.+)")
-SERVER = "server."  # prefix of the server optimiser's arrays in checkpoint.npz
 SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 
 
@@ -73,7 +71,7 @@ class Checkpoint:
     wall_seconds: float
     accuracy: tuple[int, float] | None
     states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
-    server_state: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. FedAdam's m, v
+    server: dict[str, np.ndarray] = field(default_factory=dict)  # the server optimiser's
 
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
         """The per-user states of the given users (those that have one)."""
@@ -144,7 +142,7 @@ class RunStore:
                     meta=np.array(meta),
                     state_users=np.array(users, dtype=np.int64),
                     states=states,
-                    **{SERVER + k: v for k, v in checkpoint.server_state.items()},
+                    **{f"server.{k}": v for k, v in checkpoint.server.items()},
                 )
 
         write_atomically(
@@ -164,9 +162,7 @@ class RunStore:
                 weights = saved["weights"]
                 users = saved.get("state_users", [])  # none before per-user state
                 states = {int(u): saved["states"][i] for i, u in enumerate(users)}
-                server = {  # none before server optimisers kept state
-                    k.removeprefix(SERVER): saved[k] for k in saved.files if k.startswith(SERVER)
-                }
+                server = {k[7:]: saved[k] for k in saved.files if k.startswith("server.")}
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(
                 f"{path} is damaged ({err}): this run cannot be resumed; start it again"

@@ -85,6 +85,8 @@ class Coordinator:
         self.store = store
         self.on_progress = on_progress
         self.weights = weights  # w_0, or the checkpoint's w_k when resuming
+        if resume_from is not None:  # the server optimiser's state of that round too
+            server.state = dict(resume_from.server)
         self.rounds_done = resume_from.round if resume_from else 0
         self.last_accuracy = resume_from.accuracy if resume_from else None
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
@@ -115,10 +117,16 @@ class Coordinator:
                     [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
                 )
         by_actor = self._by_actor(who.reporting)
+        trained = self.strategy.trained(round_, who.reporting)
         ref = ray.put(self.weights)
-        parts = self.pool.gather(
-            round_, "train", {a: (ref, us, round_) for a, us in by_actor.items()}
-        )
+        if trained is who.reporting:
+            calls = {a: (ref, us, round_) for a, us in by_actor.items()}
+        else:  # every user trains, the reporting ones are summed
+            calls = {
+                a: (ref, us, round_, False, by_actor.get(a, []))
+                for a, us in self._by_actor(trained).items()
+            }
+        parts = self.pool.gather(round_, "train", calls)
         faults.crash_at("driver-round", round_)
         total = np.zeros(self.weights.shape, dtype=np.float64)
         loss_sum, weight, received, diverged = 0.0, 0.0, 0, []
@@ -141,7 +149,7 @@ class Coordinator:
             "n_reported": n,
             "train_loss": loss_sum / n if n else float("nan"),
             "wall_seconds": time.perf_counter() - start,
-            "bytes_sent": self.weights.nbytes * len(by_actor),
+            "bytes_sent": self.weights.nbytes * len(calls),
             "bytes_received": received,
         }
 
@@ -167,8 +175,8 @@ class Coordinator:
 
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them: the
-        global model, the server optimiser's state and every user's per-user state,
-        fetched from the actors (for methods that keep one: others cost no call)."""
+        global model and every user's per-user state, fetched from the actors (for
+        methods that keep one: others cost no call)."""
         self.writer.flush()
         states = {}
         if self.server.stateful:
@@ -183,7 +191,7 @@ class Coordinator:
                 self.wall_seconds(),
                 self.last_accuracy,
                 states,
-                self.server.state,
+                dict(self.server.state),
             )
         )
 

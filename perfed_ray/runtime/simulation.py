@@ -43,6 +43,7 @@ from perfed_ray.data import (
     resolve_root,
 )
 from perfed_ray.data.datasets import dataset, paper_a
+from perfed_ray.data.synthetic import train_size
 from perfed_ray.engines import default_engine
 from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams, build_model, params_of
@@ -83,7 +84,16 @@ class Prepared:
             self.data.input_shape,
             self.data.n_classes,
             self.scaling,
+            cfg.data_folder,
         )
+
+    def train_sizes(self) -> np.ndarray:
+        """Every user's training-sample count (before any validation hold-out), on the
+        driver: what `sampling: samples` draws users in proportion to."""
+        if self.users is None:
+            seed = self.cfg.seed
+            return np.array([train_size(seed, u) for u in range(self.cfg.n_users)])
+        return np.array([len(u.train) for u in self.users])
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -97,7 +107,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     cfg = cfg.replace(
         data_root=str(resolve_root(cfg.data_root)), paper_a=cfg.paper_a or paper_a(cfg.dataset)
     )
-    data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed)
+    data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed, cfg.data_folder)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
 
 
@@ -274,7 +284,10 @@ def run(
         writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(record)
     template = params_of(model)
-    strategy = STRATEGIES.load(cfg.strategy)(cfg)
+    policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
+    # user's own Strategy written before sizes existed takes cfg alone
+    strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
+    server = Server(cfg, template)
     row = {
         "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
@@ -291,8 +304,6 @@ def run(
     pool = coordinator = None
     try:
         while True:
-            # The server's optimiser state goes back to the checkpoint with the model.
-            server = Server(cfg, template, checkpoint.server_state if checkpoint else None)
             pool = ActorPool(
                 placement.blocks,
                 actor_factory(prepared, placement, checkpoint, group),

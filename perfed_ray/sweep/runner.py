@@ -68,9 +68,10 @@ def create(sweep: Sweep, out: Path) -> Path:
         else t
         for t in sweep.trials
     )
-    for name, root, download in sorted({(t.dataset, t.data_root, t.download) for t in trials}):
-        if root is not None:
-            load_dataset(name, root, download, 0)  # DataError, with the fix, if unusable
+    needed = {(t.dataset, t.data_root, t.download, t.data_folder) for t in trials}
+    for name, root, download, data_folder in sorted(needed):
+        if root is not None:  # DataError, with the fix, if unusable
+            load_dataset(name, root, download, 0, data_folder)
     sweep = replace(sweep, trials=trials)
     folder.mkdir(parents=True)
     text = json.dumps(sweep.to_dict(), indent=1)

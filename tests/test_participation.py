@@ -1,0 +1,89 @@
+"""Who trains and who is drawn: every user training while the sampled ones are
+aggregated (`trained_users: all`), and users drawn in proportion to their samples
+(`sampling: samples`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import perfed_ray
+from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.strategy import Strategy
+from tests.conftest import TINY
+
+SPREAD = {**TINY, "n_users": 6, "fraction": 1 / 6, "rounds": 3, "eval_every": 3}
+
+
+def _tables(result) -> dict[str, pd.DataFrame]:
+    rounds = result.table("rounds").drop(
+        columns=["wall_seconds", "bytes_sent", "bytes_received", "run_id"]
+    )
+    evals = result.table("evals").sort_values(["round", "user", "draw"]).reset_index(drop=True)
+    return {"rounds": rounds.drop(columns="trained_users"), "evals": evals[["acc_after"]]}
+
+
+def test_every_user_training_leaves_a_stateless_methods_numbers_unchanged(ray_session, tmp_path):
+    """FedAvg keeps no per-user state, so users trained but not aggregated change
+    nothing: the aggregate is the sampled users' alone."""
+    runs = {
+        who: perfed_ray.simulate(
+            {**SPREAD, "algorithm": "fedavg", "trained_users": who}, tmp_path / who
+        )
+        for who in ("sampled", "all")
+    }
+    sampled, every = (_tables(runs[w]) for w in ("sampled", "all"))
+    pd.testing.assert_frame_equal(sampled["rounds"], every["rounds"])
+    pd.testing.assert_frame_equal(sampled["evals"], every["evals"])
+    sent = {w: runs[w].table("rounds")["bytes_sent"].sum() for w in runs}
+    assert sent["all"] > sent["sampled"]  # the weights went to every user's actor
+
+
+def test_every_user_training_moves_every_users_own_model(ray_session, tmp_path):
+    """Local training's users keep their models: with one user a round, most users'
+    models are still w_0 after three rounds unless every user trains every round."""
+    moved = {}
+    for who in ("sampled", "all"):
+        result = perfed_ray.simulate(
+            {**SPREAD, "algorithm": "local", "trained_users": who, "users_per_actor": 3},
+            tmp_path / who,
+        )
+        final = result.table("evals").query("final and draw == 0")
+        personal = np.array([steps[0] for steps in final["loss_steps"]])
+        moved[who] = int((personal != final["loss_before"].to_numpy()).sum())
+    assert moved["all"] == 6
+    assert moved["sampled"] <= 3
+
+
+def test_users_are_drawn_in_proportion_to_their_samples():
+    cfg = from_mapping({**TINY, "n_users": 4, "fraction": 0.25, "sampling": "samples"})
+    sizes = np.array([10, 10, 10, 970])
+    strategy = Strategy(cfg, sizes)
+    counts = Counter(u for r in range(400) for u in strategy.sample(r))
+    assert counts[3] > 360  # p = 0.97
+    assert strategy.sample(5) == Strategy(cfg, sizes).sample(5)  # the round's own stream
+    uniform = Counter(
+        u for r in range(400) for u in Strategy(cfg.replace(sampling="uniform")).sample(r)
+    )
+    assert uniform[3] < 140
+    with pytest.raises(ValueError, match="training sizes"):
+        Strategy(cfg).sample(0)
+
+
+def test_sampling_by_samples_never_draws_an_unseen_user():
+    cfg = from_mapping(
+        {**TINY, "n_users": 10, "fraction": 0.3, "sampling": "samples", "unseen_users": 0.2}
+    )
+    strategy = Strategy(cfg, np.arange(1, 11) * 10)
+    drawn = {u for r in range(100) for u in strategy.sample(r)}
+    assert drawn.isdisjoint(strategy.unseen()) and len(drawn) == 8
+
+
+def test_a_run_drawn_by_samples_records_it(ray_session, tmp_path):
+    result = perfed_ray.simulate({**TINY, "sampling": "samples"}, tmp_path)
+    assert result.table("runs")["sampling"].tolist() == ["samples"]
+    with pytest.raises(ConfigError, match="trained_users = 'some' is not allowed"):
+        from_mapping({"trained_users": "some"})
