@@ -71,26 +71,27 @@ class APFL(Algorithm):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        self.alpha_lr = self.settings["alpha_lr"]
-        if self.alpha_lr is None:
-            self.alpha_lr = self.beta
+        rate = self.settings["alpha_lr"]
+        self.alpha_lr = self.beta if rate is None else rate
 
     def init_user_state(self, server):
-        like = next(iter(server.values()))
+        like = next(iter(server.values()))  # alpha on the model's device, in its dtype
         alpha = torch.full((), self.settings["alpha"], dtype=like.dtype, device=like.device)
         return {"v": server, "alpha": alpha}
 
     def client_init(self, ops, server, state):
-        return {"w": server, **state}
+        return {"w": server, "v": state["v"], "alpha": state["alpha"]}
 
     def client_step(self, ops, state, batches):
         w, v, alpha = state["w"], state["v"], state["alpha"]
-        g_w, loss = ops.grad_and_loss(w, batches[0])
-        g_mix = ops.grad(lerp(w, v, alpha), batches[0])
+        batch = batches[0]
+        g_w, loss = ops.grad_and_loss(w, batch)
+        g_mix = ops.grad(lerp(w, v, alpha), batch)
+        new_v = sgd(v, g_mix, self.beta * alpha)
         if self.settings["adaptive"]:
-            step = self.alpha_lr * ops.inner(sub(v, w), g_mix)
-            state = {**state, "alpha": torch.clamp(alpha - step, 0.0, 1.0)}
-        return {**state, "w": sgd(w, g_w, self.beta), "v": sgd(v, g_mix, self.beta * alpha)}, loss
+            grad_alpha = ops.inner(sub(v, w), g_mix)
+            alpha = torch.clamp(alpha - self.alpha_lr * grad_alpha, 0.0, 1.0)
+        return {"w": sgd(w, g_w, self.beta), "v": new_v, "alpha": alpha}, loss
 
     def client_final(self, ops, server, state):
         return state["w"], {"v": state["v"], "alpha": state["alpha"]}
