@@ -58,9 +58,9 @@ class Mean(ServerOptimizer):
 class FedAvgM(ServerOptimizer):
     """Server momentum (Hsu, Qi, Brown, "Measuring the Effects of Non-Identical Data
     Distribution for Federated Visual Classification", 2019, Section 3):
-    ``b <- mu b + Delta``, ``w <- w + lr b`` with b = 0 before the first round, so that
-    b_1 = Delta_1. Hsu et al.'s ``v <- beta v + Delta w; w <- w - v`` is this with
-    lr = 1 (their Delta w is -Delta). Momentum 0.9 is Reddi et al.'s FedAvgM
+    the velocity ``v <- mu v + Delta``, ``w <- w + lr v`` with v = 0 before the first
+    round, so that v_1 = Delta_1. Hsu et al.'s ``v <- beta v + Delta w; w <- w - v`` is
+    this with lr = 1 (their Delta w is -Delta). Momentum 0.9 is Reddi et al.'s FedAvgM
     (`--server_sgd_momentum=0.9` in their code's README); lr = 1 and momentum 0 is
     `mean`."""
 
@@ -70,11 +70,11 @@ class FedAvgM(ServerOptimizer):
     }
 
     def init(self, weights):
-        return {"momentum": np.zeros(weights.shape, np.float64)}
+        return {"velocity": np.zeros(weights.shape, np.float64)}
 
     def step(self, weights, target, state):
-        buffer = self.options["momentum"] * state["momentum"] + pseudo_gradient(weights, target)
-        return weights + self.options["lr"] * buffer, {"momentum": buffer}
+        velocity = self.options["momentum"] * state["velocity"] + pseudo_gradient(weights, target)
+        return weights + self.options["lr"] * velocity, {"velocity": velocity}
 
 
 def _adaptive_settings(lr: float, beta2: bool) -> dict[str, Setting]:
