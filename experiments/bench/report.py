@@ -192,6 +192,38 @@ def notes(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def versus_section() -> list[str]:
+    """The fused engine's step speed beside a baseline commit (versus.py), if measured."""
+    path = RESULTS / "versus.parquet"
+    if not path.exists():
+        return []
+    table = pd.read_parquet(path)
+    medians = table.pivot_table(
+        index="algorithm", columns="checkout", values="speed", aggfunc="median"
+    )
+    lines = [
+        "## The fused engine beside an earlier commit",
+        "",
+        "`git worktree add /tmp/baseline 08a2306 && python experiments/bench/versus.py "
+        "--baseline /tmp/baseline --repeats 6`: 10 users x tau = 10 steps of batch 40 in "
+        "one call of the `fused` engine, one thread, one process per measurement in ABBA "
+        f"order, median of {table['repeat'].nunique()} repeats; 08a2306 is the commit "
+        "before the client optimisers, local epochs and method settings.",
+        "",
+        "| algorithm | baseline user-steps/s | this checkout | ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+    for algorithm, row in medians.iterrows():
+        ratio = row["this"] / row["baseline"]
+        lines.append(f"| {algorithm} | {row['baseline']:.0f} | {row['this']:.0f} | {ratio:.3f} |")
+    lines += [
+        "",
+        "The same command with this checkout on both sides (`--baseline .`) spreads by "
+        "about 5% on this shared machine, so a ratio within 0.95-1.05 is no measured change.",
+    ]
+    return lines
+
+
 GPU = """## GPU
 
 Not measured: no GPU machine was lent to the sessions that wrote these benchmarks. On
@@ -280,6 +312,8 @@ def write_report() -> None:
         *throughput_section(),
         "",
         *scale_section(),
+        "",
+        *versus_section(),
         "",
         GPU,
         "",

@@ -1,6 +1,6 @@
 """The fused engine's local-step speed in this checkout beside another (a baseline
-commit), side by side: one process per measurement, alternating, so that a busy
-machine slows both alike.
+commit), side by side: one process per measurement, alternating in ABBA order, so
+that a busy machine, or whichever process runs second, slows both alike.
 
     git worktree add /tmp/baseline 08a2306      # the commit to compare with
     python experiments/bench/versus.py --baseline /tmp/baseline [--repeats 5]
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for repeat in range(args.repeats):
         for algorithm in args.algorithms:
-            for name, checkout in (("baseline", args.baseline), ("this", REPO)):
+            pair = [("baseline", args.baseline), ("this", REPO)]
+            for name, checkout in pair if repeat % 2 == 0 else pair[::-1]:  # ABBA order
                 speed = measure(checkout, algorithm, args.calls)
                 rows.append(
                     {"repeat": repeat, "algorithm": algorithm, "checkout": name, "speed": speed}
