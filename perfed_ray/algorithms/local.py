@@ -12,27 +12,19 @@ from its own model; a user that never trained (an unseen one) starts from w_0.
 
 from __future__ import annotations
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.fedavg import FedAvg
 
 
-class Local(Algorithm):
-    """Each user alone, with the client optimiser (plain SGD by default; its state lives
-    for one round). Its stream draws D, D', D'' per step like Per-FedAvg's and it uses
-    D, so that one seed gives every method the same D at every step."""
-
-    batches_per_step = 1
-    draws_per_step = 3
+class Local(FedAvg):
+    """Each user alone: FedAvg's local steps (the client optimiser, its state for one
+    round, on the same D for one seed) from the user's own model instead of the
+    server's."""
 
     def init_user_state(self, server):
         return server
 
     def client_init(self, ops, server, own):
-        return {"w": own, "opt": self.optimizer.init(own)}
-
-    def client_step(self, ops, state, batches):
-        g, loss = ops.grad_and_loss(state["w"], batches[0])
-        w, opt = self.optimizer.step(state["w"], g, state["opt"], self.beta)
-        return {"w": w, "opt": opt}, loss
+        return super().client_init(ops, own, None)
 
     def client_final(self, ops, server, state):
         return state["w"], state["w"]
