@@ -22,12 +22,15 @@ Two protocols:
 
 The authors' server averages every parameter it is sent, heads too, weighted by the
 users' sample counts (all 1 for their CIFAR splits: a plain mean) and loads the result
-as its model, while each user trains and is scored with its own kept head: as here.
-Where we differ: their weight decay applies to weights only, not biases (here the
-client optimiser decays every parameter); their last round trains every user and
-fine-tunes on `--m_ft` samples, which our evaluation's personalisation replaces; their
-accuracy counts correct answers over all users' test samples together (this project's
-`pooled_accuracy`) where PROTOCOL.md averages over users.
+as its model, while each user trains and is scored with its own kept head; no user
+ever takes the averaged head: each user's head starts from w_0's. Where we differ: a
+user's head here starts from the server's head of the round it first trains in (the
+mean of the heads trained so far), and so does a newcomer's; their weight decay
+applies to weights only, not biases (here the client optimiser decays every
+parameter); their last round trains every user and fine-tunes on `--m_ft` samples,
+which our evaluation's personalisation replaces; their accuracy counts correct
+answers over all users' test samples together (this project's `pooled_accuracy`)
+where PROTOCOL.md averages over users.
 
 Which of the two parts a step trains is a mask on the step size driven by a step
 counter in the local state (and, in epochs, each user's own count of head steps), not
