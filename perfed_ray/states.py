@@ -7,6 +7,11 @@ from a file in the actor's temporary folder ($TMPDIR): the operating system keep
 recently used rows in memory and the rest on disk. A state is read when its user
 trains or is evaluated and written back after training; states are float32 tensors,
 so a row holds one exactly and results equal those of states kept as tensors.
+
+The file has no name in the folder (it is unlinked at once, or made nameless by
+O_TMPFILE): Ray ends actors with SIGKILL, which runs no clean-up, and a named file
+would outlive every actor and run. A nameless one goes when its process does,
+whatever ends it; checkpoints hold the states that must outlive it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 class StateStore:
     """`get(user)` / `put(user, vector)` for the users of one actor; the file is made
-    at the first `put`, when the state's size is known, and removed with the store."""
+    at the first `put`, when the state's size is known, and goes with its process."""
 
     def __init__(self, users: range | Sequence[int]) -> None:
         self.users = users
@@ -37,7 +42,7 @@ class StateStore:
 
     def put(self, user: int, vector: np.ndarray) -> None:
         if self.array is None:
-            self.file = tempfile.NamedTemporaryFile(prefix="perfed-ray-states-")  # noqa: SIM115
+            self.file = tempfile.TemporaryFile(prefix="perfed-ray-states-")  # noqa: SIM115
             self.array = np.memmap(
                 self.file, dtype=np.float32, mode="w+", shape=(len(self.users), len(vector))
             )
