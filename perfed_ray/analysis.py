@@ -11,6 +11,7 @@ seeds come from :func:`across_seeds`.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from perfed_ray.config import FIELDS, legacy_keys
+from perfed_ray.errors import UnreadableFile
 from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = [
@@ -62,25 +64,65 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(half)
 
 
+def _skip(path: Path, why: str) -> None:
+    # One place of warning: each file is warned of once per process, however often read.
+    warnings.warn(f"skipped {path}: {why}", UnreadableFile, stacklevel=1)
+
+
+def _readable(folder: Path, run_id: str | None) -> list[tuple[Path, pa.Schema]]:
+    """The Parquet files of a table's run folders (one run's with `run_id`) and their
+    schemas. A file that is not a table's, or cannot be read (corrupt, truncated), is
+    skipped with one warning naming it, so that one bad file does not hide every run;
+    hidden files (writes in progress) are skipped silently."""
+    runs = sorted(folder.iterdir()) if run_id is None else [folder / f"run_id={run_id}"]
+    paths = [
+        path
+        for entry in runs
+        if not entry.name.startswith(".")
+        for path in (
+            sorted(entry.iterdir())
+            if entry.is_dir() and entry.name.startswith("run_id=")
+            else [entry]
+        )
+    ]
+    files = []
+    for path in paths:
+        if path.name.startswith(".") or not path.exists():
+            continue
+        if path.is_dir() or not path.parent.name.startswith("run_id=") or path.suffix != ".parquet":
+            _skip(path, f"not a results file ({folder}/run_id=<id>/*.parquet)")
+            continue
+        try:
+            files.append((path, pq.read_schema(path)))
+        except (OSError, pa.ArrowException) as err:
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            _skip(path, f"not a readable Parquet file ({why})")
+    return files
+
+
 def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.DataFrame:
     """One results table across every run under `out` (empty if there is none yet).
 
     Reads with the current schema joined with every file's own (components' settings
     are columns of their runs alone), so files written before a column existed read
-    back with nulls there instead of hiding the column.
+    back with nulls there instead of hiding the column. Files that cannot be read are
+    skipped, each with one warning (:class:`~perfed_ray.errors.UnreadableFile`).
     """
     folder = Path(out) / table
-    files = sorted(folder.glob("run_id=*/*.parquet"))
-    if not folder.is_dir() or not files:
+    files = _readable(folder, run_id) if folder.is_dir() else []
+    if not files:
         return pd.DataFrame()
     schema = pa.unify_schemas(
-        [table_schema(table), *(pq.read_schema(f) for f in files)], promote_options="permissive"
+        [table_schema(table), *(s for _, s in files)], promote_options="permissive"
     )
-    data = ds.dataset(folder, schema=schema, partitioning="hive")
-    # With a run id, only that run's folder is read (partition pruning).
-    return data.to_table(
-        filter=None if run_id is None else ds.field("run_id") == run_id
-    ).to_pandas()
+    data = ds.dataset(
+        [str(f) for f, _ in files],
+        schema=schema,
+        format="parquet",
+        partitioning="hive",
+        partition_base_dir=str(folder),
+    )
+    return data.to_table().to_pandas()
 
 
 def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:

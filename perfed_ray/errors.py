@@ -1,4 +1,5 @@
-"""Errors that mean "the user's input is wrong": the CLI prints them and exits 2.
+"""Errors that mean "the user's input is wrong": the CLI prints them and exits 2; and
+the warning about results files that analysis skips.
 
 Kept free of heavy imports so that a bad configuration is reported at once,
 before torch, Ray or the data are loaded.
@@ -15,3 +16,8 @@ class ConfigError(InputError):
 
 class DataError(InputError):
     """The data set cannot be had, or cannot be split as configured."""
+
+
+class UnreadableFile(UserWarning):
+    """A file in a results folder that analysis skipped: not a results file, or one that
+    cannot be read. The CLI prints each as one line."""
