@@ -16,7 +16,6 @@ and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are writte
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,11 @@ import pandas as pd
 
 from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError
+from perfed_ray.lifecycle import LOGS
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
-LOGS = "logs"  # tracebacks of failed runs, under the results folder
 REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
 
 
@@ -89,85 +88,6 @@ def check_out(out: Path) -> None:
         )
 
 
-def check_run_id(out: Path, run_id: str) -> None:
-    """A run id given by the caller (a sweep names its trials' runs) must be a safe folder
-    name, and new in `out`: a run that exists (its record was saved) is continued, never
-    started again; one killed before that left nothing to continue."""
-    from perfed_ray.runtime.checkpoint import SAFE_ID, RunStore
-
-    if not SAFE_ID.fullmatch(run_id):
-        raise ConfigError(f"run id {run_id!r} is not allowed: letters, digits, '-' and '_' only")
-    folder = RunStore(out, run_id).folder
-    if (folder / RunStore.RECORD).exists():
-        raise ConfigError(
-            f"run {run_id} already exists in {out}: continue it with --resume {folder}"
-        )
-
-
-def _status(out: Path, run_id: str) -> tuple[str | None, str | None]:
-    """A run's status and error from its runs row, (None, None) if it has none."""
-    from perfed_ray.analysis import read_table
-
-    runs = read_table(out, "runs", run_id)
-    if runs.empty:
-        return None, None
-    return runs["status"].iloc[0], runs["error"].iloc[0]
-
-
-def resumable(
-    run_dir: str | Path,
-    given: configuration.RunConfig | None,
-    changes: Mapping[str, Any],
-    out: str | Path | None = None,
-) -> tuple[configuration.RunConfig, Path, str]:
-    """The configuration, results folder and id of the run `run_dir` names, after
-    checking that it can and should be continued; `given` (a whole configuration) or
-    `changes` (some keys) must agree with the stopped run's."""
-    from perfed_ray.runtime.checkpoint import RunStore, locate
-
-    folder, run_id = locate(run_dir)
-    if out is not None and Path(out).resolve() != folder.resolve():
-        raise ConfigError(
-            f"--out {str(out)!r} differs from the folder of the run being "
-            f"resumed ({folder}): drop --out"
-        )
-    record = RunStore(folder, run_id).load_record()
-    if (pid := record.live_driver()) is not None:
-        raise ConfigError(
-            f"run {run_id} is still running (driver pid {pid} on this machine): "
-            f"stop it first, or wait for it"
-        )
-    stored = configuration.from_mapping(record.config)
-    if given is not None or changes:
-        given = given or configuration.from_mapping({**stored.to_dict(), **changes})
-        now = given.to_dict()
-        changed = [
-            (k, v, now.get(k))
-            for k, v in stored.to_dict().items()
-            if now.get(k) != v
-            and not (k in configuration.CORE and configuration.CORE[k].auto and now[k] is None)
-        ]
-        if changed:
-            k, old, new = changed[0]
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise ConfigError(
-                f"--resume: run {run_id} was started with a different "
-                f"configuration: {k} = {old!r} there, {new!r} here{more}; give "
-                f"--resume alone to continue it as it was, or start a new run"
-            )
-    status, error = _status(folder, run_id)
-    if status == "finished":
-        raise ConfigError(
-            f"run {run_id} already finished all {stored.rounds} rounds: nothing to resume"
-        )
-    if status == "diverged":
-        raise ConfigError(
-            f"run {run_id} diverged ({error}); resuming would diverge again: "
-            f"start a new run with a smaller beta or alpha"
-        )
-    return stored, folder, run_id
-
-
 def to_config(
     config: str | Path | Mapping[str, Any] | configuration.RunConfig | None,
     overrides: Iterable[str] = (),
@@ -218,21 +138,37 @@ def simulate(
     what started the run, for its runs row: a sweep's trials use all three
     (:mod:`perfed_ray.sweep`).
     """
+    from perfed_ray.lifecycle import RunLife, new_run_id
+
     overrides = list(overrides)
     if resume is not None:
         given = None if config is None else to_config(config, overrides, **changes)
         pending = (
             {} if config is not None else {**configuration.parse_overrides(overrides), **changes}
         )
-        cfg, folder, run_id = resumable(resume, given, pending, out)
-        result = RunResult(run_id, folder)
+        life = RunLife.resume(resume, given, pending, out)
+        cfg = life.config
     else:
         cfg = to_config(config, overrides, **changes)
         folder = Path(out or "results")
         check_out(folder)
-        if run_id is not None:
-            check_run_id(folder, run_id)
-        result = None
+        life = RunLife.new(folder, run_id or new_run_id(cfg.algorithm))
+    with life:
+        _run(life, cfg, address, progress, announce, verbose, placement_group, command)
+    return RunResult(life.run_id, life.out)
+
+
+def _run(
+    life: Any,
+    cfg: configuration.RunConfig,
+    address: str | None,
+    progress: Callable[[Any], None] | None,
+    announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None,
+    verbose: bool,
+    placement_group: PlacementGroup | None,
+    command: str | None,
+) -> None:
+    """The claimed run (a RunLife), from its data to its end."""
     import ray
 
     from perfed_ray.runtime import chatter, connect, simulation  # Ray, torch: after validation
@@ -246,28 +182,6 @@ def simulate(
 
         connect.connect(cluster, plugin_modules(cfg))
     simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
-    if result is None:
-        result = RunResult(run_id or simulation.new_run_id(cfg), folder)
     if announce:
-        announce(prepared.cfg, result, resume is not None)
-    from perfed_ray.runtime.coordinator import Diverged, Stopped
-    from perfed_ray.runtime.pool import WorkFailed
-
-    try:
-        simulation.run(
-            prepared,
-            folder,
-            progress,
-            result.run_id,
-            resume=resume is not None,
-            group=placement_group,
-            command=command,
-        )
-    except (KeyboardInterrupt, Stopped, Diverged, WorkFailed):
-        raise
-    except Exception:
-        log = folder / LOGS / f"{result.run_id}.txt"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(traceback.format_exc())
-        raise
-    return result
+        announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
+    simulation.run(prepared, life.out, progress, group=placement_group, command=command, life=life)

@@ -15,11 +15,13 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from perfed_ray import config as configuration
-from perfed_ray.api import LOGS, REPORT
-from perfed_ray.errors import ConfigError, InputError
+from perfed_ray.api import REPORT
+from perfed_ray.errors import ConfigError, InputError, UnreadableFile
+from perfed_ray.lifecycle import LOGS
 
 
 class ProgressDisplay:
@@ -83,9 +85,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         signal.signal(signal.SIGTERM, _terminate)
 
-    from perfed_ray.runtime.coordinator import Diverged
-    from perfed_ray.runtime.pool import WorkFailed
-
     try:
         result = simulate(
             args.config,
@@ -99,42 +98,55 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     except InputError:
         raise
-    except Diverged as err:
-        print(
-            f"\nerror: run {shown['run_id']}: {err}\n  it is marked 'diverged' in "
-            f"{shown['out']}/runs; rows up to round {err.round - 1} are kept",
-            file=sys.stderr,
-        )
-        return 1
-    except KeyboardInterrupt:
-        if not shown:
+    except BaseException as err:  # Ctrl-C and SIGTERM too
+        if not shown:  # before the run began: nothing was marked
             raise
-        print(
-            f"\ninterrupted: run {shown['run_id']} is marked 'interrupted'; continue it "
-            f"with\n  {shown['again']}",
-            file=sys.stderr,
-        )
-        return 130
-    except WorkFailed as err:
-        print(
-            f"\nerror: run {shown['run_id']} failed: {err}\n  it is marked 'failed' in "
-            f"{shown['out']}/runs; continue it with\n  {shown['again']}",
-            file=sys.stderr,
-        )
-        return 1
-    except Exception as err:
-        if not shown:
-            raise
-        log = Path(shown["out"]) / LOGS / f"{shown['run_id']}.txt"
-        print(
-            f"\nerror: run {shown['run_id']} failed: {type(err).__name__}: {err}\n"
-            f"  it is marked 'failed' in {shown['out']}/runs; rows written so far are kept; "
-            f"traceback in {log}; once fixed, continue it with\n  {shown['again']}",
-            file=sys.stderr,
-        )
-        return 1
+        return _ended(err, shown)
     _print_table(result.summary(), markdown=False)
     return 0
+
+
+def _ended(err: BaseException, shown: dict[str, str]) -> int:
+    """Say how a run ended and what its runs row says now (read back, so the message
+    never claims a status the disk refused); return the exit status."""
+    from perfed_ray.lifecycle import EXIT_CODES, expected, recorded, status_of
+    from perfed_ray.runtime.checkpoint import RunStore
+
+    status, run_id, out = status_of(err), shown["run_id"], shown["out"]
+    on_disk, _ = recorded(Path(out), run_id)
+    marked = (
+        f"it is marked '{status}' in {out}/runs"
+        if on_disk == status
+        else f"its runs row in {out}/runs could not be written, and "
+        + ("there is none" if on_disk is None else f"still says '{on_disk}'")
+    )
+    started = RunStore(Path(out), run_id).started
+    again = (
+        f"continue it with\n  {shown['again']}"
+        if started
+        else "nothing was recorded to continue it from: start it again"
+    )
+    if status == "interrupted":
+        print(f"\ninterrupted: run {run_id}: {marked}; {again}", file=sys.stderr)
+    elif status == "diverged":
+        print(
+            f"\nerror: run {run_id}: {err}\n  {marked}; rows up to round {err.round - 1} are kept",
+            file=sys.stderr,
+        )
+    elif expected(err):
+        print(
+            f"\nerror: run {run_id} failed: {err}\n  {marked}; {again}",
+            file=sys.stderr,
+        )
+    else:
+        log = Path(out) / LOGS / f"{run_id}.txt"
+        kept = f"traceback in {log}; " if log.exists() else ""
+        print(
+            f"\nerror: run {run_id} failed: {type(err).__name__}: {err}\n  {marked}; "
+            f"{'rows written so far are kept; ' if started else ''}{kept}once fixed, {again}",
+            file=sys.stderr,
+        )
+    return EXIT_CODES[status]
 
 
 def _bundles(bundles: list[dict[str, float]]) -> str:
@@ -332,8 +344,20 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A skipped results file as one line; other warnings as Python shows them."""
+    if issubclass(category, UnreadableFile):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     start = time.perf_counter()
     try:
         status = args.func(args)

@@ -266,8 +266,9 @@ class RunConfig:
     )
     actor_retries: int = _opt(
         3,
-        "times an actor that dies during a round is replaced and its users' work re-run "
-        "before the run stops",
+        "times one actor may die in one round (and be replaced, its users' work re-run; "
+        "with per-user state, every actor rolled back to the last checkpoint) before the "
+        "run stops",
         low=0,
     )
     dropout: float = _opt(

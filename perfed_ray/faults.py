@@ -3,7 +3,8 @@ and real signals rather than with mocks.
 
 ``PERFED_FAULT=<point>@<n>`` makes the process that reaches ``point`` for key ``n``
 kill itself with SIGKILL: no clean-up, no flush, exactly what a pre-empted node or
-the kernel's OOM killer does. Unset (normal use) it costs a dictionary lookup.
+the kernel's OOM killer does; several, separated by commas, arm each of them. Unset
+(normal use) it costs a dictionary lookup.
 
 =====================  =======================================================
 point                  where, and what ``n`` counts
@@ -15,6 +16,8 @@ point                  where, and what ``n`` counts
 ``driver-checkpoint``  driver, the checkpoint after round ``n`` written under
                        its temporary name and not yet renamed into place
 ``actor``              actor 0, first incarnation, training in round ``n``
+``actor-replacement``  actor 0, second incarnation (its first replacement),
+                       training in round ``n``
 ``actor-always``       actor 0, every incarnation, training in round ``n``
                        (work that fails however often it is retried)
 =====================  =======================================================
@@ -28,15 +31,18 @@ import signal
 ENV = "PERFED_FAULT"
 
 
-def _armed() -> tuple[str, int] | None:
-    spec = os.environ.get(ENV, "")
-    point, sep, n = spec.partition("@")
-    return (point, int(n)) if sep and n.isdigit() else None
+def _armed() -> set[tuple[str, int]]:
+    armed = set()
+    for spec in os.environ.get(ENV, "").split(","):
+        point, sep, n = spec.partition("@")
+        if sep and n.isdigit():
+            armed.add((point, int(n)))
+    return armed
 
 
 def crash_at(point: str, n: int) -> None:
     """SIGKILL this process if ``PERFED_FAULT`` names this point and key."""
-    if _armed() == (point, n):
+    if (point, n) in _armed():
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -22,11 +22,11 @@ from conftest import TINY, experiment_script
 
 from perfed_ray import simulate
 from perfed_ray.analysis import OUTCOME, final_accuracy, outcome, read_runs, read_table
-from perfed_ray.api import check_run_id
 from perfed_ray.cli import main
 from perfed_ray.data.shards import Shard
 from perfed_ray.data.validation import hold_out
 from perfed_ray.errors import ConfigError
+from perfed_ray.lifecycle import RunLife
 from perfed_ray.runtime.checkpoint import RunStore
 from perfed_ray.sweep import SWEEPS, spec
 
@@ -206,13 +206,16 @@ def test_the_cli_refuses_bad_sweeps_and_mixed_resumes_with_status_2(tmp_path, ca
 
 def test_a_trials_run_id_is_safe_and_a_run_with_a_record_is_never_started_again(tmp_path):
     with pytest.raises(ConfigError, match="run id 'a/b' is not allowed"):
-        check_run_id(tmp_path, "a/b")
+        RunLife.new(tmp_path, "a/b")
     folder = RunStore(tmp_path, "tiny-0000").folder
     folder.mkdir(parents=True)
-    check_run_id(tmp_path, "tiny-0000")  # killed before its record: nothing to continue
+    with RunLife.new(tmp_path, "tiny-0000"):  # killed before its record: nothing to continue
+        pass
+    assert not folder.exists()  # claimed and let go without a record: cleaned up
+    folder.mkdir(parents=True)
     (folder / RunStore.RECORD).write_text("{}")
     with pytest.raises(ConfigError, match=r"run tiny-0000 already exists .* --resume"):
-        check_run_id(tmp_path, "tiny-0000")
+        RunLife.new(tmp_path, "tiny-0000")
 
 
 def test_a_validation_split_is_drawn_from_training_samples_never_test_ones():

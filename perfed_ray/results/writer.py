@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from perfed_ray import faults
 from perfed_ray.config import CORE, RunConfig, component_settings
+from perfed_ray.errors import ConfigError
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -150,14 +151,44 @@ def write_atomically(
 ) -> None:
     """Write a file so that readers see all of it or none of it, even after a crash:
     `write` fills a temporary dot-file (which readers skip), which is synced and then
-    renamed into place."""
+    renamed into place. A write that fails (a full disk) removes its temporary file, so
+    that the space it took is there for the run's status."""
     tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as written:
-        os.fsync(written.fileno())
+    try:
+        write(tmp)
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if before_rename:
         before_rename()
     os.replace(tmp, path)
+
+
+def check_rows(out: Path, run_id: str, rows: Mapping[str, int], round_: int) -> None:
+    """Refuse (ConfigError) to continue a run whose table files hold fewer rows than its
+    checkpoint of round `round_` counts (`rows`): a lost or damaged file would otherwise
+    be continued as if its rows had never existed. Names the first such file."""
+    for name in APPENDED:
+        counted = rows.get(name, 0)
+        path = Path(out) / name / f"run_id={run_id}" / RunWriter.FILE
+        if counted == 0:
+            continue
+        try:
+            held = pq.read_metadata(path).num_rows
+        except FileNotFoundError:
+            problem = "is missing"
+        except (OSError, pa.ArrowException) as err:
+            problem = f"cannot be read ({str(err).splitlines()[0]})"
+        else:
+            if held >= counted:
+                continue
+            problem = f"holds {held} rows"
+        raise ConfigError(
+            f"{path} {problem}; the run's checkpoint of round {round_} counts {counted} rows "
+            f"there: restore the file, or start the run again"
+        )
 
 
 class RunWriter:

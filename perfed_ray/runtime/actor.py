@@ -113,6 +113,8 @@ class UserActor:
             faults.crash_at("actor-always", round_)
             if self.incarnation == 0:
                 faults.crash_at("actor", round_)
+            if self.incarnation == 1:
+                faults.crash_at("actor-replacement", round_)
         start = self.flat.unflatten(weights, self.device)  # never modified in place
         models, losses = self.learner.train(start, users, round_)
         if aggregated is not None:

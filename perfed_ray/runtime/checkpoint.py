@@ -19,9 +19,8 @@ Both files are replaced atomically; a crash leaves the previous version whole.
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +46,7 @@ class RunRecord:
     started_at: str  # ISO 8601, UTC
     command: str
     resumes: int = 0
-    driver: str = ""  # "host:pid" of the sitting's driver, to refuse a second one
-
-    def live_driver(self) -> int | None:
-        """The pid of this run's driver if it is still alive on this machine."""
-        host, _, pid = self.driver.rpartition(":")
-        if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return int(pid) if b"perfed" in cmdline else None
+    driver: str = ""  # "host:pid" of the latest sitting's driver
 
 
 @dataclass(frozen=True)
@@ -76,6 +64,14 @@ class Checkpoint:
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
         """The per-user states of the given users (those that have one)."""
         return {u: self.states[u] for u in users if u in self.states}
+
+
+def damaged(path: Path, err: BaseException) -> ConfigError:
+    """One line naming a run file that cannot be read and why (a truncated or
+    corrupted file, or one without a field it must have)."""
+    why = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    why = f"{type(err).__name__}: {why}" if isinstance(err, KeyError) or not why else why
+    return ConfigError(f"{path} is damaged ({why}): this run cannot be resumed; start it again")
 
 
 def _block(saved: dict[str, int] | list[int]) -> range:
@@ -96,6 +92,11 @@ class RunStore:
     def __init__(self, out: Path, run_id: str) -> None:
         self.folder = Path(out) / FOLDER / f"run_id={run_id}"
 
+    @property
+    def started(self) -> bool:
+        """Whether the run got as far as its record: something to continue."""
+        return (self.folder / self.RECORD).exists()
+
     def save_record(self, record: RunRecord) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         blocks = [{"start": b.start, "stop": b.stop} for b in record.blocks]
@@ -113,10 +114,8 @@ class RunStore:
                 f"{path} does not exist: {self.folder} is not the folder of "
                 f"a run that can be resumed"
             ) from None
-        except (ValueError, TypeError) as err:
-            raise ConfigError(
-                f"{path} is damaged ({err}): this run cannot be resumed; start it again"
-            ) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise damaged(path, err) from None
 
     def save(self, checkpoint: Checkpoint) -> None:
         meta = json.dumps(
@@ -159,24 +158,28 @@ class RunStore:
         try:
             with np.load(path) as saved:
                 meta = json.loads(str(saved["meta"]))
-                weights = saved["weights"]
+                if "rows" not in meta:  # it counts part files, which this writer replaces
+                    raise ConfigError(
+                        f"{path} was written by a perfed-ray older than one results file "
+                        f"per table and run: resume it with that version, or start "
+                        f"it again"
+                    )
                 users = saved.get("state_users", [])  # none before per-user state
-                states = {int(u): saved["states"][i] for i, u in enumerate(users)}
-                server = {k[7:]: saved[k] for k in saved.files if k.startswith("server.")}
-        except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(
-                f"{path} is damaged ({err}): this run cannot be resumed; start it again"
-            ) from None
-        if "rows" not in meta:  # it counts part files, which this version's writer replaces
-            raise ConfigError(
-                f"{path} was written by a perfed-ray older than one results file "
-                f"per table and run: resume it with that version, or start "
-                f"it again"
-            )
-        accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
-        return Checkpoint(
-            meta["round"], weights, meta["rows"], meta["wall_seconds"], accuracy, states, server
-        )
+                stacked = saved["states"] if len(users) else None  # read once: it is big
+                accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
+                return Checkpoint(
+                    meta["round"],
+                    saved["weights"],
+                    meta["rows"],
+                    meta["wall_seconds"],
+                    accuracy,
+                    {int(u): stacked[i] for i, u in enumerate(users)},
+                    {k[7:]: saved[k] for k in saved.files if k.startswith("server.")},
+                )
+        except ConfigError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
+            raise damaged(path, err) from None
 
 
 def locate(run_dir: str | Path) -> tuple[Path, str]:

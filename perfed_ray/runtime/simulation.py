@@ -10,11 +10,10 @@ import dataclasses
 import logging
 import os
 import platform
-import re
-import secrets
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,12 +45,13 @@ from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.data.synthetic import train_size
 from perfed_ray.engines import default_engine
 from perfed_ray.errors import ConfigError
+from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, build_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
-from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
-from perfed_ray.runtime.coordinator import Coordinator, Diverged, Progress, Stopped
+from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
+from perfed_ray.runtime.coordinator import Coordinator, Progress
 from perfed_ray.runtime.environment import components, plugin_modules
 from perfed_ray.runtime.placement import Placement, group_share, plan, with_resources
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
@@ -136,13 +136,6 @@ def resolve_execution(cfg: RunConfig, model: torch.nn.Module, n_actors: int) -> 
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
         compile_ = engine == "fused" and work >= COMPILE_FROM
     return cfg.replace(engine=engine, compile=compile_)
-
-
-def new_run_id(cfg: RunConfig) -> str:
-    """Sortable by start time, unique across concurrent runs, and a safe folder name
-    whatever the algorithm is called (`mypkg.methods:Reptile` -> `mypkg-methods-Reptile`)."""
-    name = re.sub(r"[^A-Za-z0-9_-]+", "-", cfg.algorithm)
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{name}-{secrets.token_hex(3)}"
 
 
 def actor_factory(
@@ -238,36 +231,35 @@ def run(
     prepared: Prepared,
     out: Path,
     on_progress: Callable[[Progress], None] | None = None,
-    run_id: str | None = None,
-    resume: bool = False,
     group: PlacementGroup | None = None,
     command: str | None = None,
+    life: RunLife | None = None,
 ) -> str:
-    """Run one simulation on the connected Ray cluster (a local one if none), or with
-    `resume`, continue run `run_id` from its last checkpoint; returns the run id.
-    With `group` (a sweep trial's placement group), the actors are sized by and placed
-    in its bundles after the first. `command` is what started the run, for its runs
-    row (default: this process's command line). The runs row says `finished` only if
-    every round ran, and otherwise why it did not."""
+    """Run one simulation on the connected Ray cluster (a local one if none) as a new run
+    in `out`, or the run `life` claimed (new, or a stopped one to continue from its last
+    checkpoint); returns the run id. With `group` (a sweep trial's placement group), the
+    actors are sized by and placed in its bundles after the first. `command` is what
+    started the run, for its runs row (default: this process's command line). The runs
+    row says `finished` only if every round ran, and otherwise why it did not
+    (:class:`~perfed_ray.lifecycle.RunLife`)."""
+    start_ray(prepared.cfg)
+    if life is None:
+        with RunLife.new(out, new_run_id(prepared.cfg.algorithm)) as life:
+            return run(prepared, out, on_progress, group, command, life)
     cfg = prepared.cfg
-    start_ray(cfg)
-    run_id = run_id or new_run_id(cfg)
     clock = time.perf_counter()
-    store = RunStore(out, run_id)
     model = initial_model(cfg, prepared.source([]))
     nodes = _nodes() if group is None else group_share(group.bundle_specs)
-    checkpoint = None
-    if resume:
-        record = store.load_record()
-        record = dataclasses.replace(record, resumes=record.resumes + 1, driver=_driver())
-        checkpoint = store.load()
+    checkpoint = life.checkpoint
+    if life.resumed:
+        record = dataclasses.replace(life.record, resumes=life.record.resumes + 1, driver=_driver())
         placement = with_resources(cfg, nodes, record.blocks)
     else:
         placement = plan(cfg, nodes)
         cfg = resolve_execution(cfg, model, len(placement.blocks))
         prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(
-            run_id,
+            life.run_id,
             cfg.to_dict(),
             placement.blocks,
             datetime.now(UTC).isoformat(),
@@ -279,17 +271,8 @@ def run(
             f"the placement group holds {len(group.bundle_specs) - 1} actor bundles after "
             f"the driver's; the run needs {len(placement.blocks)} actors"
         )
-    writer = RunWriter(out, run_id, cfg)
-    if resume:
-        writer.resume(checkpoint.rows if checkpoint else {})
-    store.save_record(record)
-    template = params_of(model)
-    policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
-    # user's own Strategy written before sizes existed takes cfg alone
-    strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
-    server = Server(cfg, template)
+    writer = RunWriter(life.out, life.run_id, cfg)
     row = {
-        "status": "running",
         "started_at": datetime.fromisoformat(record.started_at),
         "resumes": record.resumes,
         "command": record.command,
@@ -299,57 +282,65 @@ def run(
         "rounds_done": checkpoint.round if checkpoint else 0,
         **_versions(),
     }
-    writer.write_run(row)
-    rollbacks, incarnations = 0, None
-    pool = coordinator = None
-    try:
-        while True:
-            pool = ActorPool(
-                placement.blocks,
-                actor_factory(prepared, placement, checkpoint, group),
-                cfg.actor_retries,
-                writer.add,
-                replaceable=not server.stateful,
-                incarnations=incarnations,
-            )
-            weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
-            coordinator = Coordinator(
-                cfg, pool, weights, strategy, server, writer, store, on_progress, checkpoint, clock
-            )
-            try:
-                pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
-                row.setdefault("startup_seconds", time.perf_counter() - clock)
-                coordinator.run()
-                break
-            except StateLost as lost:
-                rollbacks += 1
-                if rollbacks > cfg.actor_retries:
-                    raise lost.failed(rollbacks) from None
+    with life.running(writer, row) as row:
+        if life.resumed:
+            writer.resume(checkpoint.rows if checkpoint else {})
+        life.store.save_record(record)
+        template = params_of(model)
+        policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
+        # user's own Strategy written before sizes existed takes cfg alone
+        strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
+        server = Server(cfg, template)
+        deaths: Counter[tuple[int, int]] = Counter()  # per round and actor, as the pool's
+        rollbacks: list[dict] = []  # their events rows
+        incarnations = None
+        pool = coordinator = None
+        try:
+            while True:
+                pool = ActorPool(
+                    placement.blocks,
+                    actor_factory(prepared, placement, checkpoint, group),
+                    cfg.actor_retries,
+                    writer.add,
+                    replaceable=not server.stateful,
+                    incarnations=incarnations,
+                )
+                weights = (
+                    checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
+                )
+                coordinator = Coordinator(
+                    cfg,
+                    pool,
+                    weights,
+                    strategy,
+                    server,
+                    writer,
+                    life.store,
+                    on_progress,
+                    checkpoint,
+                    clock,
+                )
+                try:
+                    pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
+                    row.setdefault("startup_seconds", time.perf_counter() - clock)
+                    coordinator.run()
+                    break
+                except StateLost as lost:
+                    deaths[lost.round, lost.actor] += 1
+                    if deaths[lost.round, lost.actor] > cfg.actor_retries:
+                        raise lost.failed(deaths[lost.round, lost.actor]) from None
+                    pool.stop()
+                    incarnations = [i + 1 for i in pool.incarnations]  # all restarted
+                    checkpoint = life.store.load()
+                    writer.resume(checkpoint.rows if checkpoint else {})
+                    rollbacks.append(lost.event(checkpoint.round if checkpoint else 0))
+                    writer.add("events", rollbacks)  # an earlier one's too, if cut again
+            row.update(_peak_memory(pool))
+        finally:
+            if coordinator is not None:
+                row.update(
+                    wall_seconds=coordinator.wall_seconds(), rounds_done=coordinator.rounds_done
+                )
+            if pool is not None:
                 pool.stop()
-                incarnations = [i + 1 for i in pool.incarnations]  # all restarted
-                checkpoint = store.load()
-                writer.resume(checkpoint.rows if checkpoint else {})
-                writer.add("events", [lost.event(checkpoint.round if checkpoint else 0)])
-        row["status"] = "finished"
-        row.update(_peak_memory(pool))
-    except BaseException as err:
-        row["status"] = (
-            "interrupted"
-            if isinstance(err, KeyboardInterrupt)
-            else "stopped"
-            if isinstance(err, Stopped)
-            else "diverged"
-            if isinstance(err, Diverged)
-            else "failed"
-        )
-        row["error"] = f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        writer.flush()
-        if coordinator is not None:
-            row.update(wall_seconds=coordinator.wall_seconds(), rounds_done=coordinator.rounds_done)
-        row.update(ended_at=datetime.now(UTC))
-        writer.write_run(row)
-        if pool is not None:
-            pool.stop()
-    return run_id
+    return life.run_id

@@ -34,7 +34,8 @@ from typing import Any
 import ray
 from ray import tune
 
-from perfed_ray.runtime.coordinator import Diverged, Progress, Stopped
+from perfed_ray.lifecycle import status_of
+from perfed_ray.runtime.coordinator import Progress, Stopped
 from perfed_ray.sweep import ENDED
 
 STOPS = "perfed-ray-sweep-stops-"  # + the sweep's name: the actor, in its driver's namespace
@@ -127,13 +128,13 @@ class Trial(tune.Trainable):
                 placement_group=ray.util.get_current_placement_group(),
                 command=self.config["command"],
             )
-        except (Stopped, KeyboardInterrupt):
-            return  # Tune asked for it in `cleanup`; nobody waits for a result
-        except Diverged:
-            pass  # the run ended, as its runs row says
         except BaseException as err:
-            self.results.put(err)
-            return
+            status = status_of(err)
+            if status in ("stopped", "interrupted"):
+                return  # Tune asked for it in `cleanup`; nobody waits for a result
+            if status != "diverged":  # a diverged run ended, as its runs row says
+                self.results.put(err)
+                return
         self.results.put(self._ended())
 
     def _progress(self, progress: Progress) -> None:
