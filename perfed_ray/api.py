@@ -25,7 +25,7 @@ import pandas as pd
 
 from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError
-from perfed_ray.lifecycle import LOGS
+from perfed_ray.lifecycle import LOGS, RunLife, new_run_id
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -138,8 +138,6 @@ def simulate(
     what started the run, for its runs row: a sweep's trials use all three
     (:mod:`perfed_ray.sweep`).
     """
-    from perfed_ray.lifecycle import RunLife, new_run_id
-
     overrides = list(overrides)
     if resume is not None:
         given = None if config is None else to_config(config, overrides, **changes)
@@ -159,7 +157,7 @@ def simulate(
 
 
 def _run(
-    life: Any,
+    life: RunLife,
     cfg: configuration.RunConfig,
     address: str | None,
     progress: Callable[[Any], None] | None,
@@ -168,7 +166,7 @@ def _run(
     placement_group: PlacementGroup | None,
     command: str | None,
 ) -> None:
-    """The claimed run (a RunLife), from its data to its end."""
+    """The claimed run, from its data to its end."""
     import ray
 
     from perfed_ray.runtime import chatter, connect, simulation  # Ray, torch: after validation

@@ -246,12 +246,11 @@ class RunLife:
         never_started = not self.store.started
         self.lock.release(remove=never_started)
         if never_started:
-            for folder in [
-                self.store.folder,
-                *(self.out / t / f"run_id={self.run_id}" for t in TABLES),
-            ]:
-                if folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
+            tables = [self.out / t / f"run_id={self.run_id}" for t in TABLES]
+            for folder in [self.store.folder, *tables]:
+                for empty in (folder, folder.parent):  # the run's, then the table's
+                    if empty.is_dir() and not any(empty.iterdir()):
+                        empty.rmdir()
 
     def __enter__(self) -> RunLife:
         return self
