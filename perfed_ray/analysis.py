@@ -21,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from perfed_ray.config import FIELDS, legacy_keys
-from perfed_ray.errors import UnreadableFile
+from perfed_ray.errors import UnreadableFile, first_line
 from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = [
@@ -95,8 +95,7 @@ def _readable(folder: Path, run_id: str | None) -> list[tuple[Path, pa.Schema]]:
         try:
             files.append((path, pq.read_schema(path)))
         except (OSError, pa.ArrowException) as err:
-            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            _skip(path, f"not a readable Parquet file ({why})")
+            _skip(path, f"not a readable Parquet file ({first_line(err)})")
     return files
 
 

@@ -21,3 +21,9 @@ class DataError(InputError):
 class UnreadableFile(UserWarning):
     """A file in a results folder that analysis skipped: not a results file, or one that
     cannot be read. The CLI prints each as one line."""
+
+
+def first_line(err: BaseException) -> str:
+    """An error as one line, its type first: what a message or a table cell shows of it."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfed_ray import config as configuration
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, first_line
 from perfed_ray.results.writer import TABLES, check_rows
 from perfed_ray.runtime.checkpoint import SAFE_ID, Checkpoint, RunRecord, RunStore, locate
 from perfed_ray.runtime.lock import Busy, RunLock
@@ -70,11 +70,6 @@ def recorded(out: Path, run_id: str) -> tuple[str | None, str | None]:
     if runs.empty:
         return None, None
     return runs["status"].iloc[0], runs["error"].iloc[0]
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 class RunLife:
@@ -220,7 +215,7 @@ class RunLife:
         cause = err or failure
         self.row.update(
             status=status,
-            error=None if cause is None else _one_line(cause),
+            error=None if cause is None else first_line(cause),
             ended_at=datetime.now(UTC),
         )
         try:

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from perfed_ray import faults
 from perfed_ray.config import CORE, RunConfig, component_settings
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, first_line
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -180,7 +180,7 @@ def check_rows(out: Path, run_id: str, rows: Mapping[str, int], round_: int) -> 
         except FileNotFoundError:
             problem = "is missing"
         except (OSError, pa.ArrowException) as err:
-            problem = f"cannot be read ({str(err).splitlines()[0]})"
+            problem = f"cannot be read ({first_line(err)})"
         else:
             if held >= counted:
                 continue

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from perfed_ray import faults
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, first_line
 from perfed_ray.results.writer import write_atomically
 
 FOLDER = "checkpoints"
@@ -69,9 +69,9 @@ class Checkpoint:
 def damaged(path: Path, err: BaseException) -> ConfigError:
     """One line naming a run file that cannot be read and why (a truncated or
     corrupted file, or one without a field it must have)."""
-    why = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    why = f"{type(err).__name__}: {why}" if isinstance(err, KeyError) or not why else why
-    return ConfigError(f"{path} is damaged ({why}): this run cannot be resumed; start it again")
+    return ConfigError(
+        f"{path} is damaged ({first_line(err)}): this run cannot be resumed; start it again"
+    )
 
 
 def _block(saved: dict[str, int] | list[int]) -> range:

@@ -24,6 +24,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from perfed_ray.errors import first_line
+
 ActorFactory = Callable[[int, int], ray.actor.ActorHandle]  # (actor, incarnation) -> handle
 Record = Callable[[str, list[dict[str, Any]]], None]  # (table, rows)
 
@@ -72,11 +74,6 @@ class StateLost(RuntimeError):
 
 def _shown(users: list[int]) -> str:
     return ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 class ActorPool:
@@ -132,7 +129,7 @@ class ActorPool:
                 result = ray.get(done)
             except RayActorError as err:
                 if not self.replaceable:
-                    raise StateLost(round_, i, self.blocks[i], _first_line(err)) from None
+                    raise StateLost(round_, i, self.blocks[i], first_line(err)) from None
                 self._replace(i, round_, err, failures)
                 pending[self._call(i, method, args[i])] = i
                 continue
@@ -143,7 +140,7 @@ class ActorPool:
         while True:
             failures[i] += 1
             if failures[i] > self.retries:
-                raise WorkFailed(round_, i, self.blocks[i], failures[i], _first_line(err))
+                raise WorkFailed(round_, i, self.blocks[i], failures[i], first_line(err))
             ray.kill(self.actors[i], no_restart=True)
             self.incarnations[i] += 1
             self.actors[i] = self.start_actor(i, self.incarnations[i])
@@ -155,7 +152,7 @@ class ActorPool:
                         "kind": "actor-died",
                         "actor": i,
                         "users": self.blocks[i],
-                        "detail": f"{_first_line(err)}; replaced by incarnation "
+                        "detail": f"{first_line(err)}; replaced by incarnation "
                         f"{self.incarnations[i]}, which reloaded the users' shards",
                     }
                 ],

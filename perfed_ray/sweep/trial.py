@@ -116,8 +116,8 @@ class Trial(tune.Trainable):
         from perfed_ray.api import simulate
         from perfed_ray.runtime.checkpoint import RunStore
 
-        folder = RunStore(self.out, self.run_id).folder
-        resume = folder if (folder / RunStore.RECORD).exists() else None
+        store = RunStore(self.out, self.run_id)
+        resume = store.folder if store.started else None
         try:
             simulate(
                 None if resume else self.config["trial"]["run"],
