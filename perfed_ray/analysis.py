@@ -150,17 +150,19 @@ def pooled_accuracy(evals: pd.DataFrame, steps: int = 0) -> pd.DataFrame:
 
 def best_round(pooled: pd.DataFrame) -> pd.DataFrame:
     """Per run, the best pooled accuracy over its evaluation rounds and that round (what
-    pFedMe's authors report: the maximum of the per-round curve), beside the final one."""
+    pFedMe's authors report: the maximum of the per-round curve), beside the final one
+    and the mean of the last ten evaluations (what FedRep's authors report)."""
     rows = []
     for run_id, frame in pooled.groupby("run_id", observed=True):
+        frame = frame.sort_values("round")
         best = frame.loc[frame["pooled_accuracy"].idxmax()]
-        last = frame.loc[frame["round"].idxmax()]
         rows.append(
             {
                 "run_id": run_id,
                 "best_accuracy": float(best["pooled_accuracy"]),
                 "best_round": int(best["round"]),
-                "final_accuracy": float(last["pooled_accuracy"]),
+                "final_accuracy": float(frame["pooled_accuracy"].iloc[-1]),
+                "last10_accuracy": float(frame["pooled_accuracy"].iloc[-10:].mean()),
             }
         )
     return pd.DataFrame(rows)
