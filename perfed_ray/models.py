@@ -8,12 +8,19 @@ image shape itself.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.tree import Params
+from perfed_ray.seeding import Stream, numpy_rng
+
+if TYPE_CHECKING:
+    from perfed_ray.config import RunConfig
+    from perfed_ray.data import ShardSource
 
 
 class MLP(nn.Module):
@@ -131,6 +138,13 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return cls(input_shape, n_classes)
+
+
+def initial_model(cfg: RunConfig, source: ShardSource) -> nn.Module:
+    """The model with w_0: PyTorch's default initialisation, drawn from the run's seed,
+    so the driver and every actor (a replacement one too) make the same w_0."""
+    init_seed = int(numpy_rng(cfg.seed, Stream.MODEL_INIT).integers(2**31))
+    return build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
 
 
 def params_of(model: nn.Module) -> Params:
