@@ -16,7 +16,7 @@ def test_a_section_a_dotted_key_and_a_set_override_are_the_same_setting(tmp_path
     file.write_text("algorithm: ditto\nditto:\n  lambda: 0.7\n")
     overridden = load(file, ["ditto.lambda=0.3"])
     assert nested == dotted == overridden
-    assert nested.settings_of("algorithm") == {"lambda": 0.3}
+    assert nested.settings_of("algorithm") == {"lambda": 0.3, "personal_start": "global"}
     assert nested.to_dict()["ditto.lambda"] == 0.3
     assert ALGORITHMS.load("ditto")(nested).lam == 0.3
 
@@ -35,6 +35,10 @@ def test_the_chosen_components_settings_are_filled_in_and_others_dropped():
         ({"algorithm": "ditto", "ditto.lamda": 1}, "'ditto.lamda' (did you mean 'ditto.lambda'?)"),
         ({"algorithm": "pfedme", "pfedme": {"steps": 0}}, "pfedme.steps = 0 is out of range"),
         ({"algorithm": "ditto", "ditto.lambda": "big"}, "ditto.lambda = 'big' is not allowed"),
+        (
+            {"algorithm": "fedrep", "fedrep.head_start": "w0"},
+            "fedrep.head_start = 'w0' is not allowed: one of global, initial",
+        ),
         ({"dito": {"lambda": 1}}, "unknown configuration key 'dito.lambda'"),
         ({"sgd.momentum": 1.5}, "sgd.momentum = 1.5 is out of range: a number in [0, 1]"),
     ],
