@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from perfed_ray.config import FIELDS, legacy_keys
+from perfed_ray.config import FIELDS, legacy_keys, registered_settings
 from perfed_ray.results.writer import table_schema
 
 CONFIG_KEYS = [
@@ -99,6 +99,17 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
             values = runs[old].where(mine)
             runs[dotted] = runs[dotted].fillna(values) if dotted in runs else values
             runs = runs.drop(columns=old)
+    # A setting a component declared later reads back, for that component's runs, as
+    # its default (what they ran with), so a finished run still matches its config.
+    for dotted, (key, component, setting) in registered_settings().items():
+        if key not in runs or setting.default is None:
+            continue
+        mine = runs[key] == component
+        if not mine.any():
+            continue
+        if dotted not in runs:
+            runs[dotted] = pd.Series([None] * len(runs), index=runs.index, dtype=object)
+        runs.loc[mine & runs[dotted].isna(), dotted] = setting.default
     return runs
 
 

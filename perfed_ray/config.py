@@ -390,6 +390,16 @@ def _legacy(sections: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     }
 
 
+def registered_settings() -> dict[str, tuple[str, str, Setting]]:
+    """Every built-in or installed component's settings: dotted key -> (the registry key
+    that picks the component, its name, the Setting)."""
+    return {
+        f"{section}.{name}": (key, component, s)
+        for section, (key, component) in _registered_sections().items()
+        for name, s in declared(key, component).items()
+    }
+
+
 def legacy_keys() -> dict[str, str]:
     """The flat keys older versions used for components' settings -> their dotted keys."""
     return _legacy(_registered_sections())

@@ -75,6 +75,30 @@ def test_committed_results_read_their_flat_method_columns_as_settings():
     assert runs.loc[runs["algorithm"] == "ditto", "ditto.lambda"].eq(1.0).all()
     assert runs.loc[runs["algorithm"] != "ditto", "ditto.lambda"].isna().all()
     assert "pfedme_lr" not in runs
+    # Settings declared after these runs read back as their defaults, for their method only.
+    fedrep = runs["algorithm"] == "fedrep"
+    assert runs.loc[fedrep, "fedrep.head_start"].eq("global").all()
+    assert runs.loc[~fedrep, "fedrep.head_start"].isna().all()
+    in_steps = (runs["client_optimizer"] == "sgd") & runs["local_epochs"].isna()
+    assert runs.loc[in_steps, "sgd.momentum"].eq(0.0).all()  # the protocol's plain SGD
+
+
+def test_committed_comparison_cells_count_as_done():
+    """The comparison script finds its committed runs (a setting added later must not
+    make them look unrun)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "experiments"))
+    from comparison import CONFIGS, METHODS, grid
+    from table1 import state
+
+    from perfed_ray.analysis import read_runs
+
+    runs = read_runs(root / "experiments/results/comparison")
+    cells = grid(CONFIGS, 3, METHODS, (), {"mnist-tau10"})
+    assert [state(cell, runs)[0] for cell in cells] == ["done"] * len(cells)
 
 
 def test_a_sweep_varies_a_methods_setting_like_any_key(tmp_path):
