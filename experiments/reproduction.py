@@ -14,8 +14,9 @@ entry runs for `--seeds` training seeds with the table1 runner (skipped when don
 resumed when stopped) into `--out`/runs; the table, `--out`/reproduction.md, is written
 from the Parquet files alone; the authors' code's records sit in `--out`/authors. Each
 run is scored by the authors' rule (correct answers over all users' test samples, at
-the best evaluation round and at the final one) and by this project's (the unweighted
-mean over users at the final evaluation, before and after one personalisation step).
+the round(s) the entry's `rule` names, RULES below, and at the final one) and by this
+project's (the unweighted mean over users at the final evaluation, before and after
+one personalisation step).
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ CONFIGS = HERE / "configs" / "reproduction"
 OUT = HERE / "results" / "reproduction"
 PUBLISHED = "published.yaml"
 # An entry's `rule`: which round(s) its authors' code reports, as a column of `scores`.
-RULES = {"best round": "best_accuracy", "last 10 rounds": "last10_accuracy"}
+RULES = {
+    "best round": "best_accuracy",
+    "last 10 rounds": "last10_accuracy",
+    "final round": "final_accuracy",
+}
 
 
 def entries(configs: Path, only: set[str]) -> dict[str, dict[str, Any]]:
@@ -101,8 +106,9 @@ def table(out: Path, facts: dict[str, dict[str, Any]]) -> str:
         "",
         "Accuracies in %, mean ± 95% t interval over training seeds. *Authors' rule*:",
         "correct answers over all users' test samples together, at the best evaluation",
-        "round (pFedMe's code) or averaged over the last ten (FedRep's), as the entry's",
-        "authors' code reports, and at the final one. *Ours*: PROTOCOL.md's",
+        "round (pFedMe's code), averaged over the last ten (FedRep's) or at the final",
+        "round (FedProx's and APFL's code keep no best), as the entry's authors' code",
+        "reports, and at the final one. *Ours*: PROTOCOL.md's",
         "unweighted mean over users at the final evaluation, of the method's personal",
         "model as it stands (0 steps) and after one personalisation step.",
         "",

@@ -162,7 +162,8 @@ def pooled_accuracy(evals: pd.DataFrame, steps: int = 0) -> pd.DataFrame:
 def best_round(pooled: pd.DataFrame) -> pd.DataFrame:
     """Per run, the best pooled accuracy over its evaluation rounds and that round (what
     pFedMe's authors report: the maximum of the per-round curve), beside the final one
-    and the mean of the last ten evaluations (what FedRep's authors report)."""
+    (FedProx's and APFL's code keep no best: the last round they print) and the mean of
+    the last ten evaluations (what FedRep's authors report)."""
     rows = []
     for run_id, frame in pooled.groupby("run_id", observed=True):
         frame = frame.sort_values("round")

@@ -69,3 +69,29 @@ def test_every_committed_experiment_configuration_is_valid():
         load(path)
     facts = yaml.safe_load((root / "reproduction" / "published.yaml").read_text())
     assert {p.stem for p in (root / "reproduction").glob("*.yaml")} - {"published"} <= set(facts)
+
+
+def test_each_scoring_rule_names_a_column_of_best_round_and_fills_its_cell(monkeypatch):
+    """Every entry's `rule` is one the script knows, each rule reads a column that
+    analysis.best_round writes, and the table's "authors' rule" cell shows that column
+    (here the final round's, FedProx's and APFL's code keeping no best round)."""
+    from pathlib import Path
+
+    from perfed_ray.analysis import best_round
+
+    pooled = pd.DataFrame(
+        {"run_id": ["r"] * 3, "round": [0, 1, 2], "pooled_accuracy": [0.2, 0.9, 0.5]}
+    )
+    columns = set(best_round(pooled).columns)
+    root = Path(__file__).parents[1] / "experiments" / "configs" / "reproduction"
+    facts = yaml.safe_load((root / "published.yaml").read_text())
+    scored = best_round(pooled).assign(tag="x", seed=0, mean_0=0.5, mean_1=0.6)
+    for script in experiment_script("reproduction"):
+        assert set(script.RULES.values()) <= columns
+        assert {f.get("rule", "best round") for f in facts.values()} <= set(script.RULES)
+        monkeypatch.setattr(script, "scores", lambda out: scored)
+        fact = {"method": "m", "paper": "p", "published": "-", "notes": "n"}
+        row = script.table(Path("unused"), {"x": {**fact, "rule": "final round"}}).splitlines()
+        cells = [c.strip() for c in next(r for r in row if r.startswith("| x |")).split("|")]
+        assert cells[6].startswith("50.00") and cells[6].endswith("(final round)")
+        assert cells[7].startswith("50.00")
