@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from perfed_ray.config import FIELDS, legacy_keys
+from perfed_ray.config import FIELDS, legacy_keys, registered_settings
 from perfed_ray.errors import UnreadableFile, first_line
 from perfed_ray.results.writer import table_schema
 
@@ -140,6 +140,17 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
             values = runs[old].where(mine)
             runs[dotted] = runs[dotted].fillna(values) if dotted in runs else values
             runs = runs.drop(columns=old)
+    # A setting a component declared later reads back, for that component's runs, as
+    # its default (what they ran with), so a finished run still matches its config.
+    for dotted, (key, component, setting) in registered_settings().items():
+        if key not in runs or setting.default is None:
+            continue
+        mine = runs[key] == component
+        if not mine.any():
+            continue
+        if dotted not in runs:
+            runs[dotted] = pd.Series([None] * len(runs), index=runs.index, dtype=object)
+        runs.loc[mine & runs[dotted].isna(), dotted] = setting.default
     return runs
 
 
@@ -191,17 +202,20 @@ def pooled_accuracy(evals: pd.DataFrame, steps: int = 0) -> pd.DataFrame:
 
 def best_round(pooled: pd.DataFrame) -> pd.DataFrame:
     """Per run, the best pooled accuracy over its evaluation rounds and that round (what
-    pFedMe's authors report: the maximum of the per-round curve), beside the final one."""
+    pFedMe's authors report: the maximum of the per-round curve), beside the final one
+    (FedProx's and APFL's code keep no best: the last round they print) and the mean of
+    the last ten evaluations (what FedRep's authors report)."""
     rows = []
     for run_id, frame in pooled.groupby("run_id", observed=True):
+        frame = frame.sort_values("round")
         best = frame.loc[frame["pooled_accuracy"].idxmax()]
-        last = frame.loc[frame["round"].idxmax()]
         rows.append(
             {
                 "run_id": run_id,
                 "best_accuracy": float(best["pooled_accuracy"]),
                 "best_round": int(best["round"]),
-                "final_accuracy": float(last["pooled_accuracy"]),
+                "final_accuracy": float(frame["pooled_accuracy"].iloc[-1]),
+                "last10_accuracy": float(frame["pooled_accuracy"].iloc[-10:].mean()),
             }
         )
     return pd.DataFrame(rows)

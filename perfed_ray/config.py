@@ -94,7 +94,9 @@ class RunConfig:
     dirichlet_alpha: float = _opt(
         0.5, "concentration of the `dirichlet` partition", low=0, low_open=True
     )
-    labels_per_user: int = _opt(2, "classes per user of the `labels` partition", low=1)
+    labels_per_user: int = _opt(
+        2, "classes per user of the `labels` partition, shards per user of `shards`", low=1
+    )
     n_users: int = _opt(50, "number of users n", low=1)
     fraction: float = _opt(
         0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
@@ -127,8 +129,8 @@ class RunConfig:
     )
     model: str = _opt(
         "mlp",
-        "model: the paper's MLP (80, 60, ELU), a small CNN, or multinomial logistic "
-        "regression (logreg)",
+        "model: the paper's MLP (80, 60, ELU), a small CNN, FedRep's authors' CIFAR CNN "
+        "(lenet) or multinomial logistic regression (logreg)",
         registry=True,
     )
     seed: int = _opt(0, "seed of everything random in the run", low=0)
@@ -389,6 +391,16 @@ def _legacy(sections: Mapping[str, tuple[str, str]]) -> dict[str, str]:
     }
 
 
+def registered_settings() -> dict[str, tuple[str, str, Setting]]:
+    """Every built-in or installed component's settings: dotted key -> (the registry key
+    that picks the component, its name, the Setting)."""
+    return {
+        f"{section}.{name}": (key, component, s)
+        for section, (key, component) in _registered_sections().items()
+        for name, s in declared(key, component).items()
+    }
+
+
 def legacy_keys() -> dict[str, str]:
     """The flat keys older versions used for components' settings -> their dotted keys."""
     return _legacy(_registered_sections())
@@ -476,9 +488,9 @@ def _check_combination(cfg: RunConfig) -> None:
             f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
             f"{cfg.dataset} has real-valued features: use input_scale: unit"
         )
-    if generated and cfg.model == "cnn":
+    if generated and getattr(REGISTRIES["model"].load(cfg.model), "images", False):
         raise ConfigError(
-            f"model = cnn needs images; dataset {cfg.dataset} has 60 plain "
+            f"model = {cfg.model} needs images; dataset {cfg.dataset} has 60 plain "
             f"features: use model: mlp or logreg"
         )
     method = REGISTRIES["algorithm"].load(cfg.algorithm)

@@ -22,7 +22,7 @@ from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, r
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
-from perfed_ray.models import FlatParams
+from perfed_ray.models import FlatParams, params_of
 from perfed_ray.registry import ALGORITHMS
 from perfed_ray.states import StateStore
 
@@ -35,7 +35,11 @@ class Learner:
     Each user's per-user state (for methods that keep one) is the method's initial
     one until the user first trains, then what its last round left, kept in a
     :class:`~perfed_ray.states.StateStore` on local disk; a checkpoint saves them
-    (:meth:`state_vectors`) and a resumed run starts from them (`states`)."""
+    (:meth:`state_vectors`) and a resumed run starts from them (`states`). The
+    initial one is made from the server's model, or from w_0 for a method whose
+    `state_start` is "initial": `model`'s own parameters, which must be the run's w_0
+    (:func:`~perfed_ray.models.initial_model`, a function of the seed alone, so a
+    replacement actor makes the same)."""
 
     def __init__(
         self,
@@ -56,10 +60,15 @@ class Learner:
         for user, vector in (states or {}).items():
             self.store.put(user, vector)
         self.state_layout: FlatParams | None = None
+        start = self.algorithm.state_start
+        if start not in ("global", "initial"):
+            raise ValueError(f"state_start = {start!r}: it is 'global' or 'initial'")
+        self.initial = params_of(model) if start == "initial" else None
 
     def _state(self, user: int, server: Params) -> Params | None:
-        """The user's state: stored, or the method's initial one from this server."""
-        initial = self.algorithm.init_user_state(server)
+        """The user's state: stored, or the method's initial one, from this server's
+        model or from w_0."""
+        initial = self.algorithm.init_user_state(server if self.initial is None else self.initial)
         if initial is None:
             return None
         self.state_layout = self.state_layout or FlatParams(initial)

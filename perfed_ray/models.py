@@ -8,12 +8,19 @@ image shape itself.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.tree import Params
+from perfed_ray.seeding import Stream, numpy_rng
+
+if TYPE_CHECKING:
+    from perfed_ray.config import RunConfig
+    from perfed_ray.data import ShardSource
 
 
 class MLP(nn.Module):
@@ -57,6 +64,8 @@ class LogReg(nn.Module):
 class CNN(nn.Module):
     """Two 5x5 convolutions with max-pooling and one hidden layer: a second choice for images."""
 
+    images = True  # needs inputs of a (channels, height, width) shape
+
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
@@ -80,6 +89,41 @@ class CNN(nn.Module):
         return self.head(self.features(x.view(-1, *self.input_shape)))
 
 
+class LeNet(nn.Module):
+    """LeNet-5 with 64 channels: two 5x5 convolutions without padding, each ReLU and 2x2
+    max-pooling, then 120 -> ReLU -> 64 -> ReLU -> classes: the CIFAR CNN of
+    LG-FedAvg's and FedRep's authors (lgcollins/FedRep, models/Nets.py `CNNCifar`),
+    whose last layer is FedRep's head. Theirs ends in log-softmax before a cross-entropy
+    loss; log-softmax is idempotent, so logits give the same loss and predictions."""
+
+    images = True
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
+        super().__init__()
+        self.input_shape = tuple(input_shape)
+        channels, height, width = self.input_shape
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 64, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        side = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * side[0] * side[1], 120),
+            nn.ReLU(),
+            nn.Linear(120, 64),
+            nn.ReLU(),
+            nn.Linear(64, n_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x.view(-1, *self.input_shape)))
+
+
 def build_model(
     name: str, input_shape: tuple[int, ...], n_classes: int, seed: int | None = None
 ) -> nn.Module:
@@ -94,6 +138,13 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return cls(input_shape, n_classes)
+
+
+def initial_model(cfg: RunConfig, source: ShardSource) -> nn.Module:
+    """The model with w_0: PyTorch's default initialisation, drawn from the run's seed,
+    so the driver and every actor (a replacement one too) make the same w_0."""
+    init_seed = int(numpy_rng(cfg.seed, Stream.MODEL_INIT).integers(2**31))
+    return build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
 
 
 def params_of(model: nn.Module) -> Params:

@@ -38,6 +38,14 @@ def mnist():
     return load_dataset("mnist", None, False, 0)
 
 
+@pytest.fixture(scope="session")
+def cifar10():
+    """The real CIFAR-10 arrays, loaded once."""
+    from perfed_ray.data import load_dataset
+
+    return load_dataset("cifar10", None, False, 0)
+
+
 TINY = {
     "dataset": "gaussian",
     "n_users": 4,

@@ -153,6 +153,19 @@ def test_models_that_are_no_linear_chain_fall_back_to_vmap(capsys):
     assert "engine fused falls back to vmap" in capsys.readouterr().err
 
 
+def test_lenet_is_fedreps_cifar_cnn_and_its_head_is_the_last_layer():
+    """The authors' CNNCifar: conv 3->64, 64->64 (5x5), fc 1600->120->64->10; 307,842
+    parameters, FedRep's head (fc3) the last Linear."""
+    from perfed_ray.algorithms.fedrep import head_keys
+
+    params = params_of(build_model("lenet", (3, 32, 32), 10))
+    shapes = [tuple(v.shape) for v in params.values()]
+    assert shapes[::2] == [(64, 3, 5, 5), (64, 64, 5, 5), (120, 1600), (64, 120), (10, 64)]
+    assert sum(v.numel() for v in params.values()) == 307_842
+    assert head_keys(params) == list(params)[-2:]
+    assert build_model("lenet", (3, 32, 32), 10)(torch.zeros(2, 3 * 32 * 32)).shape == (2, 10)
+
+
 EPOCH_METHODS = [
     ("fedavg", {}),
     ("local", {}),

@@ -104,3 +104,30 @@ def test_labels_gives_each_user_its_classes_and_shares_each_class_out_whole(mnis
     assert len({len(u.train) for u in users}) > 10
     with pytest.raises(DataError, match="labels_per_user = 11 must be between 1 and the 10"):
         partition(from_mapping({**cfg.to_dict(), "labels_per_user": 11}), mnist)
+
+
+def test_shards_deal_each_user_its_shards_and_matching_test_shards(cifar10):
+    """FedRep's CIFAR-10 split: 100 users x 2 shards of 250 training images, each user's
+    100 test images drawn from the classes of its shards, 50 per shard."""
+    cfg = from_mapping({"dataset": "cifar10", "partition": "shards", "n_users": 100})
+    users = partition(cfg, cifar10)
+    assert len(users) == 100
+    dealt = np.zeros(10, dtype=int)
+    for u in users:
+        train = _class_counts(cifar10.y_train, u.train)
+        test = _class_counts(cifar10.y_test, u.test)
+        assert train.sum() == 500 and test.sum() == 100
+        assert set(np.flatnonzero(train)) == set(np.flatnonzero(test))
+        assert (train % 250 == 0).all() and (test == train // 5).all()
+        dealt += train // 250
+    assert dealt.tolist() == [20] * 10  # every shard of every class dealt once
+    _assert_disjoint(users, "train")
+    _assert_disjoint(users, "test")
+    other = partition(from_mapping({**cfg.to_dict(), "seed": 1}), cifar10)
+    assert any((a.train != b.train).any() for a, b in zip(users, other, strict=True))
+
+
+def test_shards_that_do_not_divide_among_the_classes_are_a_clear_error(mnist):
+    cfg = from_mapping({"dataset": "mnist", "partition": "shards", "n_users": 7})
+    with pytest.raises(DataError, match="multiple of 10"):
+        partition(cfg, mnist)

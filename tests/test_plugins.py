@@ -152,12 +152,25 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(
     _assert_same(out, stateful_reference)
 
 
-@pytest.mark.parametrize("algorithm", [STATEFUL, "local", "ditto", "pfedme", "fedrep"])
+@pytest.mark.parametrize(
+    ("algorithm", "settings"),
+    [
+        (STATEFUL, {}),
+        ("local", {}),
+        ("ditto", {}),
+        pytest.param(  # w_0 made again by the new actor
+            "ditto", {"ditto": {"personal_start": "initial"}}, id="ditto-initial"
+        ),
+        ("pfedme", {}),
+        ("fedrep", {}),
+        pytest.param("fedrep", {"fedrep": {"head_start": "initial"}}, id="fedrep-initial"),
+    ],
+)
 def test_an_actor_dying_with_per_user_state_rolls_back_to_the_checkpoint(
-    ray_session, tmp_path, monkeypatch, algorithm
+    ray_session, tmp_path, monkeypatch, algorithm, settings
 ):
     monkeypatch.syspath_prepend(str(PLUGINS))
-    values = {**TINY, "algorithm": algorithm, "engine": "fused"}
+    values = {**TINY, "algorithm": algorithm, "engine": "fused", **settings}
     perfed_ray.simulate(values, tmp_path / "reference")
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
     perfed_ray.simulate(values, tmp_path / "rolled")

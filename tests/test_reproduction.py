@@ -16,6 +16,7 @@ FACTS = {
         "authors_code": "authors/tiny.parquet",
         "authors_model": "theirs",
         "notes": "a smoke test's entry",
+        "rule": "last 10 rounds",
     }
 }
 
@@ -45,7 +46,52 @@ def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert cells[3] == "99.0" and cells[4] == "60.00 ± 127.06 (2 runs)"
         assert cells[-1] == "2" and "not run" not in row
+        assert cells[5].endswith("(last 10 rounds)")
         scored = script.scores(out)
         assert len(scored) == 2 and scored["best_accuracy"].ge(scored["final_accuracy"]).all()
         assert "a smoke test's entry" in table
         assert script.main([*args, "--dry-run"]) == 0  # now done
+
+
+def test_every_committed_experiment_configuration_is_valid():
+    """Every configuration file under experiments/configs reads and validates (a stale
+    key or value fails here, not hours into a run), and every reproduction entry has
+    its facts."""
+    from pathlib import Path
+
+    from perfed_ray.config import load
+
+    root = Path(__file__).parents[1] / "experiments" / "configs"
+    paths = [p for p in sorted(root.rglob("*.yaml")) if p.parent.name not in {"protocols"}]
+    paths = [p for p in paths if p.name != "published.yaml"]
+    assert len(paths) > 10
+    for path in paths:
+        load(path)
+    facts = yaml.safe_load((root / "reproduction" / "published.yaml").read_text())
+    assert {p.stem for p in (root / "reproduction").glob("*.yaml")} - {"published"} <= set(facts)
+
+
+def test_each_scoring_rule_names_a_column_of_best_round_and_fills_its_cell(monkeypatch):
+    """Every entry's `rule` is one the script knows, each rule reads a column that
+    analysis.best_round writes, and the table's "authors' rule" cell shows that column
+    (here the final round's, FedProx's and APFL's code keeping no best round)."""
+    from pathlib import Path
+
+    from perfed_ray.analysis import best_round
+
+    pooled = pd.DataFrame(
+        {"run_id": ["r"] * 3, "round": [0, 1, 2], "pooled_accuracy": [0.2, 0.9, 0.5]}
+    )
+    columns = set(best_round(pooled).columns)
+    root = Path(__file__).parents[1] / "experiments" / "configs" / "reproduction"
+    facts = yaml.safe_load((root / "published.yaml").read_text())
+    scored = best_round(pooled).assign(tag="x", seed=0, mean_0=0.5, mean_1=0.6)
+    for script in experiment_script("reproduction"):
+        assert set(script.RULES.values()) <= columns
+        assert {f.get("rule", "best round") for f in facts.values()} <= set(script.RULES)
+        monkeypatch.setattr(script, "scores", lambda out: scored)
+        fact = {"method": "m", "paper": "p", "published": "-", "notes": "n"}
+        row = script.table(Path("unused"), {"x": {**fact, "rule": "final round"}}).splitlines()
+        cells = [c.strip() for c in next(r for r in row if r.startswith("| x |")).split("|")]
+        assert cells[6].startswith("50.00") and cells[6].endswith("(final round)")
+        assert cells[7].startswith("50.00")

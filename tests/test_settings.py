@@ -16,7 +16,7 @@ def test_a_section_a_dotted_key_and_a_set_override_are_the_same_setting(tmp_path
     file.write_text("algorithm: ditto\nditto:\n  lambda: 0.7\n")
     overridden = load(file, ["ditto.lambda=0.3"])
     assert nested == dotted == overridden
-    assert nested.settings_of("algorithm") == {"lambda": 0.3}
+    assert nested.settings_of("algorithm") == {"lambda": 0.3, "personal_start": "global"}
     assert nested.to_dict()["ditto.lambda"] == 0.3
     assert ALGORITHMS.load("ditto")(nested).lam == 0.3
 
@@ -35,6 +35,10 @@ def test_the_chosen_components_settings_are_filled_in_and_others_dropped():
         ({"algorithm": "ditto", "ditto.lamda": 1}, "'ditto.lamda' (did you mean 'ditto.lambda'?)"),
         ({"algorithm": "pfedme", "pfedme": {"steps": 0}}, "pfedme.steps = 0 is out of range"),
         ({"algorithm": "ditto", "ditto.lambda": "big"}, "ditto.lambda = 'big' is not allowed"),
+        (
+            {"algorithm": "fedrep", "fedrep.head_start": "w0"},
+            "fedrep.head_start = 'w0' is not allowed: one of global, initial",
+        ),
         ({"dito": {"lambda": 1}}, "unknown configuration key 'dito.lambda'"),
         ({"sgd.momentum": 1.5}, "sgd.momentum = 1.5 is out of range: a number in [0, 1]"),
     ],
@@ -71,6 +75,30 @@ def test_committed_results_read_their_flat_method_columns_as_settings():
     assert runs.loc[runs["algorithm"] == "ditto", "ditto.lambda"].eq(1.0).all()
     assert runs.loc[runs["algorithm"] != "ditto", "ditto.lambda"].isna().all()
     assert "pfedme_lr" not in runs
+    # Settings declared after these runs read back as their defaults, for their method only.
+    fedrep = runs["algorithm"] == "fedrep"
+    assert runs.loc[fedrep, "fedrep.head_start"].eq("global").all()
+    assert runs.loc[~fedrep, "fedrep.head_start"].isna().all()
+    in_steps = (runs["client_optimizer"] == "sgd") & runs["local_epochs"].isna()
+    assert runs.loc[in_steps, "sgd.momentum"].eq(0.0).all()  # the protocol's plain SGD
+
+
+def test_committed_comparison_cells_count_as_done():
+    """The comparison script finds its committed runs (a setting added later must not
+    make them look unrun)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "experiments"))
+    from comparison import CONFIGS, METHODS, grid
+    from table1 import state
+
+    from perfed_ray.analysis import read_runs
+
+    runs = read_runs(root / "experiments/results/comparison")
+    cells = grid(CONFIGS, 3, METHODS, (), {"mnist-tau10"})
+    assert [state(cell, runs)[0] for cell in cells] == ["done"] * len(cells)
 
 
 def test_a_sweep_varies_a_methods_setting_like_any_key(tmp_path):

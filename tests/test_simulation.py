@@ -79,6 +79,11 @@ def _results(out):
     return rounds, evals.sort_values(keys).reset_index(drop=True)
 
 
+# float32 sums of the same terms in another order: a few units in the last place of
+# each step's model, compounded over a run's rounds.
+SUM_ORDER_RTOL = 1e-5
+
+
 def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session, tmp_path):
     values = {
         "algorithm": "perfedavg-hf",
@@ -87,13 +92,19 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
         "final_eval_draws": 2,
         "engine": "sequential",
     }
+    """Each user's numbers are computed alone either way; only the server's float32 sum
+    is taken in another order (an actor sums its own users first), so the models may
+    differ in the last bits (1.77014291 against 1.77014315 was seen with another torch
+    release): equal to SUM_ORDER_RTOL, and an accuracy by at most one test sample."""
     _run(tmp_path / "one", users_per_actor=1, **values)
     _run(tmp_path / "packed", users_per_actor=4, **values)  # blocks of 4 and 2 users
     (r1, e1), (r2, e2) = _results(tmp_path / "one"), _results(tmp_path / "packed")
     assert r1["users"].map(list).tolist() == r2["users"].map(list).tolist()
-    pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], check_exact=True)
-    metrics = ["acc_before", "acc_after", "loss_before", "loss_after"]
-    pd.testing.assert_frame_equal(e1[metrics], e2[metrics], check_exact=True)
+    pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=SUM_ORDER_RTOL)
+    losses = ["loss_before", "loss_after"]
+    pd.testing.assert_frame_equal(e1[losses], e2[losses], rtol=SUM_ORDER_RTOL)
+    for acc in ("acc_before", "acc_after"):
+        assert ((e1[acc] - e2[acc]).abs() * e1["n_test"] <= 1 + 1e-9).all()
     assert (r1["bytes_received"] > r2["bytes_received"]).all()  # sums, not one model per user
 
 

@@ -80,6 +80,11 @@ class Algorithm:
     # (`fedrep: {head_epochs: 10}`), validated, listed by `perfed-ray keys`, stored as
     # columns (`fedrep.head_epochs`) and sweepable; read them from `self.settings`.
     settings: ClassVar[dict[str, Setting]] = {}
+    # The model a user's first state is made from (what `init_user_state` is given):
+    # "global", the server's model of the round in which the user is first trained or
+    # scored, or "initial", the run's initial model w_0 (as Ditto's authors' code starts
+    # its personal models). A method may set it per instance, from one of its settings.
+    state_start: str = "global"
 
     @classmethod
     def validate(cls, cfg: RunConfig) -> None:
@@ -96,8 +101,9 @@ class Algorithm:
         self.optimizer = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
 
     # -- client side -------------------------------------------------------------------
-    def init_user_state(self, server: Params) -> Params | None:
-        """A user's state before its first round (None: the method keeps none)."""
+    def init_user_state(self, start: Params) -> Params | None:
+        """A user's state before its first round (None: the method keeps none), made
+        from `start`: the server's model or w_0, as `state_start` says."""
         return None
 
     def client_init(self, ops: ModelOps, server: Params, user_state: Params | None) -> Any:

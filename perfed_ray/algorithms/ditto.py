@@ -6,17 +6,32 @@ its personal model v_k, kept on its actor between rounds, takes a step on
 f_k(v_k) + lambda/2 ||v_k - w^t||^2 (eq. 2's personal objective, w^t the global model
 the round started from); then its copy of the global model takes a plain SGD step, as
 FedAvg's would. The server averages the global copies (Algorithm 1's global update).
-Users are scored on v_k; a user that never trained starts from w^t.
+Users are scored on v_k.
 
 `ditto.lambda` defaults to 1, the value of the authors' run scripts; the personal and
 global steps share the step size beta and the client optimiser (plain SGD in their
 code; its state lives for one round).
 
-Where the authors' code (litian96/ditto) differs, and what to set: it draws users in
-proportion to their sample counts (`sampling: samples`); it starts every personal model
-from the initial global model w_0, where here a user's v starts from the global model
-of the first round the user trains or is scored in (not selectable yet: it needs w_0
-on the actors); its local work is epochs over the user's data (`local_epochs`).
+Where a personal model starts (`ditto.personal_start`): `global` (the default, which
+keeps the numbers of earlier runs) starts a user's v from the global model of the
+round the user first trains in, and scores a user that never trained on the round's
+global model, so a user first sampled late starts near the others' consensus;
+`initial` starts every v from the run's initial model w_0, as the authors' code does
+(litian96/ditto, flearn/trainers_MTL/fedbase.py: its `local_models` are deep copies
+of the model before the first round), and scores a user that never trained on w_0, as
+theirs does. w_0 is made on each actor from the run's seed.
+
+The authors' protocol (their run scripts, run_fashion_clean_ditto_lam1.sh and
+run_vehicle_clean_ditto_lam1.sh) and what to set: lambda 1; `--local_iters` 2 (FMNIST)
+or 1 (Vehicle) single-batch steps a round, batches of 16 or 32 (`tau`, `batch_size`);
+TensorFlow's plain gradient descent at 0.05 or 0.01 for both parts (`beta`, no
+momentum); 10 users a round drawn in proportion to their sample counts (`--sampling=2`:
+`sampling: samples`); the server adds the plain mean of the users' moves; personal
+models from w_0 (`ditto.personal_start: initial`). Where we still differ: their
+batches come from one generator per user that runs through reshuffled passes of its
+data across rounds, ours are drawn afresh each round from the user's own stream; and
+they score pooled accuracy (correct answers over all users' test samples,
+`pooled_accuracy`) where PROTOCOL.md averages over users.
 """
 
 from __future__ import annotations
@@ -37,14 +52,21 @@ class Ditto(Algorithm):
         "lambda": Setting(
             1.0, "pull of each personal model towards the global one", low=0, legacy="ditto_lambda"
         ),
+        "personal_start": Setting(
+            "global",
+            "where a personal model starts: the global model of the round its user first "
+            "trains in, or w_0 (initial: the authors' code)",
+            choices=("global", "initial"),
+        ),
     }
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.lam = self.settings["lambda"]
+        self.state_start = self.settings["personal_start"]
 
-    def init_user_state(self, server):
-        return server
+    def init_user_state(self, start):
+        return start
 
     def client_init(self, ops, server, personal):
         opt = self.optimizer.init(server)

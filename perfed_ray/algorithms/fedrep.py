@@ -8,7 +8,8 @@ update, body fixed), then the body alone (its body update, head fixed), with the
 client optimiser at step size beta. The server averages what it is sent, heads
 included. Users are scored on their own head over the server's body and personalise
 by training the head alone (step size alpha), as the paper adapts new clients
-(Section 5.2); a newcomer's head is the server's, the mean of the trained heads.
+(Section 5.2); a newcomer's head is the server's, the mean of the trained heads
+(`fedrep.head_start: global`), or w_0's (`initial`).
 
 Two protocols:
 - the Per-FedAvg paper's (the default): tau - `fedrep.body_steps` single-batch steps on
@@ -20,17 +21,27 @@ Two protocols:
   (`beta: 0.01`, `sgd: {momentum: 0.5, weight_decay: 0.0001}`); the optimiser is made
   anew in each client's train(), so its state lives for one round.
 
-The authors' server averages every parameter it is sent, heads too, weighted by the
-users' sample counts (all 1 for their CIFAR splits: a plain mean) and loads the result
-as its model, while each user trains and is scored with its own kept head; no user
-ever takes the averaged head: each user's head starts from w_0's. Where we differ: a
-user's head here starts from the server's head of the round it first trains in (the
-mean of the heads trained so far), and so does a newcomer's; their weight decay
-applies to weights only, not biases (here the client optimiser decays every
-parameter); their last round trains every user and fine-tunes on `--m_ft` samples,
-which our evaluation's personalisation replaces; their accuracy counts correct
-answers over all users' test samples together (this project's `pooled_accuracy`)
-where PROTOCOL.md averages over users.
+Where a user's head starts (`fedrep.head_start`): `global` (the default) takes the
+server's head of the round the user first trains in (the mean of the heads trained so
+far), and a user that never trained is scored with the round's server head, so a
+newcomer starts from the trained heads' consensus rather than from noise; `initial`
+takes w_0's head (w_0 made on each actor from the run's seed), as Algorithm 1
+initialises every h_i^0 on its own, and no user ever takes the averaged head. The
+authors' code looks meant for `initial` (main_fedrep.py fills `w_locals`, each user's
+kept parameters, from the model before the first round) but runs `global`: those
+entries are `net_glob.state_dict()`'s tensors, which share storage with the global
+model's parameters (`.data` in their PyTorch 0.4.1, as `.detach()` today), and
+`load_state_dict` copies each round's average into those parameters in place; so until
+a user first trains, its kept head is the global model's, and it starts training (and
+is scored) from the averaged head.
+
+Their server averages every parameter it is sent, heads too, weighted by the users'
+sample counts (all 1 for their CIFAR splits: a plain mean), as ours does with
+`aggregation: samples`. Where we differ: their weight decay applies to weights only,
+not biases (here the client optimiser decays every parameter); their last round trains
+every user and fine-tunes on `--m_ft` samples, which our evaluation's personalisation
+replaces; their accuracy counts correct answers over all users' test samples together
+(this project's `pooled_accuracy`) where PROTOCOL.md averages over users.
 
 Which of the two parts a step trains is a mask on the step size driven by a step
 counter in the local state (and, in epochs, each user's own count of head steps), not
@@ -80,6 +91,12 @@ class FedRep(Algorithm):
         "body_epochs": Setting(
             1, "with local_epochs: then epochs on the body (the authors' 1)", low=1
         ),
+        "head_start": Setting(
+            "global",
+            "where a user's head starts: the global model's of the round the user first "
+            "trains in (what the authors' code runs), or w_0's (initial)",
+            choices=("global", "initial"),
+        ),
     }
 
     @classmethod
@@ -101,9 +118,10 @@ class FedRep(Algorithm):
         super().__init__(cfg)
         self.epochs_split = (self.settings["head_epochs"], self.settings["body_epochs"])
         self.head_steps = cfg.tau - self.settings["body_steps"]
+        self.state_start = self.settings["head_start"]
 
-    def init_user_state(self, server):
-        return {k: server[k] for k in head_keys(server)}
+    def init_user_state(self, start):
+        return {k: start[k] for k in head_keys(start)}
 
     def personal_model(self, ops, server, head):
         return {k: head.get(k, v) for k, v in server.items()}

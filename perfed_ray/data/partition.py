@@ -13,6 +13,8 @@ users that a data set split by user brings (`leaf`), exactly as its files have t
   (Hsu et al. 2019), the test set split with the same proportions.
 - `labels`: `labels_per_user` classes per user in random amounts, pFedMe's MNIST
   split (Dinh et al. 2020).
+- `shards`: `labels_per_user` equal shards of one class each per user, the
+  "pathological" split of McMahan et al. 2017 as FedRep's and LG-FedAvg's authors make it.
 """
 
 from __future__ import annotations
@@ -208,6 +210,30 @@ def labels(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts
         if users:
             proportions[users[-1], c] = left
     return _proportional(cfg, data, proportions)
+
+
+def shards(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
+    """Each class cut into n_users * labels_per_user / classes equal shards; the shards'
+    labels shuffled and dealt `labels_per_user` to a user (a user may hold two shards
+    of one class); the test set cut into as many shards per class, each user getting
+    the test shards of its train shards' labels. So FedRep's authors split CIFAR-10
+    (lgcollins/FedRep, utils/sampling.py `noniid`, `--shard_per_user`): 100 users x 2
+    shards give each user 500 training and 100 test images of at most two classes.
+    Theirs spread a class's leftover samples (total mod shards) over its first shards;
+    here they stay unused, so every shard of a class has the same size."""
+    classes, per_user = data.n_classes, cfg.labels_per_user
+    if (cfg.n_users * per_user) % classes:
+        raise DataError(
+            f"partition shards deals n_users x labels_per_user = {cfg.n_users} x "
+            f"{per_user} shards over {classes} classes: make it a multiple of {classes}"
+        )
+    per_class = cfg.n_users * per_user // classes
+    labels = rng.permutation(np.tile(np.arange(classes), per_class)).reshape(cfg.n_users, per_user)
+    held = np.zeros((cfg.n_users, classes), dtype=np.int64)
+    np.add.at(held, (np.repeat(np.arange(cfg.n_users), per_user), labels.ravel()), 1)
+    train = held * (_class_totals(data.y_train, classes) // per_class)
+    test = held * (_class_totals(data.y_test, classes) // per_class)
+    return Counts(train, test, ["all"] * cfg.n_users)
 
 
 def _proportional(cfg: RunConfig, data: DataArrays, proportions: np.ndarray) -> Counts:

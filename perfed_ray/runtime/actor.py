@@ -21,7 +21,7 @@ from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.data.cache import ShardCache
 from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
-from perfed_ray.models import FlatParams, build_model, params_of
+from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.runtime.environment import Components, adopt
 
@@ -78,7 +78,7 @@ class UserActor:
         torch.set_num_threads(max(1, int(num_cpus)))
         use_gpu = num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
-        model = build_model(cfg.model, source.input_shape, source.n_classes).to(self.device)
+        model = initial_model(cfg, source).to(self.device)  # its parameters: w_0
         self.flat = FlatParams(params_of(model))
         budget = None if cfg.shard_cache_mb is None else int(cfg.shard_cache_mb * 2**20)
         held_out = (lambda s: hold_out(s, cfg.validation, cfg.seed)) if cfg.validation else None

@@ -46,7 +46,7 @@ from perfed_ray.data.synthetic import train_size
 from perfed_ray.engines import default_engine
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife, new_run_id
-from perfed_ray.models import FlatParams, build_model, params_of
+from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
@@ -55,7 +55,6 @@ from perfed_ray.runtime.coordinator import Coordinator, Progress
 from perfed_ray.runtime.environment import components, plugin_modules
 from perfed_ray.runtime.placement import Placement, group_share, plan, with_resources
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
-from perfed_ray.seeding import Stream, numpy_rng
 from perfed_ray.server import Server
 
 
@@ -109,12 +108,6 @@ def prepare(cfg: RunConfig) -> Prepared:
     )
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed, cfg.data_folder)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))
-
-
-def initial_model(cfg: RunConfig, source: ShardSource) -> torch.nn.Module:
-    """The model with w_0: PyTorch's default initialisation, drawn from the run's seed."""
-    init_seed = int(numpy_rng(cfg.seed, Stream.MODEL_INIT).integers(2**31))
-    return build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
 
 
 def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
