@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("script", "kinds"), [("throughput", {"gemm", "engine"}), ("scale", None)])
 def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
     done = subprocess.run(
@@ -32,6 +33,7 @@ def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
         assert rows["seconds_per_round"].iloc[0] > 0
 
 
+@pytest.mark.slow
 def test_the_side_by_side_script_compares_two_checkouts(tmp_path):
     """Its smoke test: this checkout against itself, one short measurement each."""
     repo = BENCH.parents[1]

@@ -134,6 +134,7 @@ def test_yaml_file_problems(tmp_path):
         from_mapping({"users_per_actor": 60})
 
 
+@pytest.mark.slow
 def test_run_and_summary_through_the_cli(tmp_path):
     config = tmp_path / "easy.yaml"
     config.write_text(

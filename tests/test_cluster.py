@@ -21,6 +21,9 @@ import pytest
 from perfed_ray.config import load
 from perfed_ray.runtime import simulation
 
+# A real two-node Ray cluster started and stopped per module: the full tier only.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "cluster" / "local.sh"
 WORKERS = 1
@@ -141,6 +144,7 @@ def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_session, tmp_path):
     address, env = cluster
     config = tmp_path / "mnist.yaml"
@@ -166,6 +170,7 @@ def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_s
     _assert_same_as_local(tmp_path / "cluster", config, tmp_path / "local")
 
 
+@pytest.mark.slow
 def test_a_sweep_on_the_cluster_places_each_trials_actors_and_matches_a_local_run(
     cluster, ray_session, tmp_path
 ):

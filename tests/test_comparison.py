@@ -31,6 +31,7 @@ def _cells(text: str, method: str) -> list[str]:
     return [c.strip().strip("*") for c in line.strip("|").split("|")][1:]
 
 
+@pytest.mark.slow
 def test_each_cell_is_the_mean_over_seeds_of_users_mean_accuracy_after_k_steps(compared):
     evals = pd.read_parquet(compared / "evals")
     final = evals[evals["final"]]
@@ -53,12 +54,14 @@ def test_each_cell_is_the_mean_over_seeds_of_users_mean_accuracy_after_k_steps(c
     assert final.groupby("algorithm")["unseen"].sum().min() > 0  # unseen users were scored
 
 
+@pytest.mark.slow
 def test_the_compare_command_writes_the_report(compared, tmp_path, capsys):
     assert main(["compare", str(compared), "--out", str(tmp_path)]) == 0
     assert (tmp_path / "comparison.md").read_text() == comparison_markdown(compared)
     assert "comparison.md" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, monkeypatch):
     """The smoke test: one tiny setting, one seed, two methods, run by the script's own
     runner (a `perfed-ray run` process per cell, on the session's Ray)."""
@@ -82,6 +85,7 @@ def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, 
         assert "| local |" in report and "| local (trained_users=all) |" in report
 
 
+@pytest.mark.slow
 def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(ray_session, tmp_path):
     from perfed_ray.report.comparison import annotated_runs
 

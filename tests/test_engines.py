@@ -96,6 +96,7 @@ def test_fused_runs_more_users_than_a_block_in_blocks():
     )
 
 
+@pytest.mark.slow
 def test_compiled_fused_matches_sequential_for_several_block_sizes(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     for users in (3, 5):

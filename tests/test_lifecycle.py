@@ -58,6 +58,7 @@ def _status(out: Path) -> str:
     return pd.read_parquet(out / "runs")["status"].iloc[0]
 
 
+@pytest.mark.slow
 def test_a_lost_or_short_results_file_is_named_and_the_resume_refused(
     stopped_run, tmp_path, capsys
 ):
@@ -127,6 +128,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_run_being_resumed_is_refused_until_its_driver_ends(stopped_run, tmp_path, capsys):
     """Two resumes of one run would write over each other: the second is refused while
     the first's driver lives, and the lock goes with that driver, SIGKILL included."""

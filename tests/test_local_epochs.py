@@ -32,6 +32,7 @@ def test_per_fedavg_keeps_tau_and_fedrep_splits_its_epochs():
     from_mapping({"algorithm": "fedrep", "local_epochs": 11})  # the authors' 10 + 1
 
 
+@pytest.mark.slow
 def test_a_run_in_epochs_takes_each_users_own_number_of_steps(ray_session, tmp_path):
     base = {**TINY, "algorithm": "fedrep", "local_epochs": 2, "batch_size": 60}
     base["fedrep"] = {"head_epochs": 1, "body_epochs": 1}

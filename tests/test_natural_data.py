@@ -189,6 +189,7 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["object_store", "data_root"])
 def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path, transport):
     """The driver shares one copy, or each actor reads the folder itself."""

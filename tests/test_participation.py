@@ -26,6 +26,7 @@ def _tables(result) -> dict[str, pd.DataFrame]:
     return {"rounds": rounds.drop(columns="trained_users"), "evals": evals[["acc_after"]]}
 
 
+@pytest.mark.slow
 def test_every_user_training_leaves_a_stateless_methods_numbers_unchanged(ray_session, tmp_path):
     """FedAvg keeps no per-user state, so users trained but not aggregated change
     nothing: the aggregate is the sampled users' alone."""
@@ -42,6 +43,7 @@ def test_every_user_training_leaves_a_stateless_methods_numbers_unchanged(ray_se
     assert sent["all"] > sent["sampled"]  # the weights went to every user's actor
 
 
+@pytest.mark.slow
 def test_every_user_training_moves_every_users_own_model(ray_session, tmp_path):
     """Local training's users keep their models: with one user a round, most users'
     models are still w_0 after three rounds unless every user trains every round."""
@@ -82,6 +84,7 @@ def test_sampling_by_samples_never_draws_an_unseen_user():
     assert drawn.isdisjoint(strategy.unseen()) and len(drawn) == 8
 
 
+@pytest.mark.slow
 def test_a_run_drawn_by_samples_records_it(ray_session, tmp_path):
     result = perfed_ray.simulate({**TINY, "sampling": "samples"}, tmp_path)
     assert result.table("runs")["sampling"].tolist() == ["samples"]

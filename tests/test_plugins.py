@@ -52,6 +52,7 @@ def on_path(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session, on_path):
     assert len(readme_example().splitlines()) < 40
     tables = {}
@@ -132,6 +133,7 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
         pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
 
 
+@pytest.mark.slow
 def test_per_user_state_is_checkpointed_and_resumed_exactly(
     ray_session, stateful_reference, tmp_path
 ):
@@ -152,6 +154,7 @@ def test_per_user_state_is_checkpointed_and_resumed_exactly(
     _assert_same(out, stateful_reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "settings"),
     [

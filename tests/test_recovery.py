@@ -65,6 +65,7 @@ def reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
 _cli = run_cli
 
 
+@pytest.mark.slow
 def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference, tmp_path):
     address = ray_session.get_runtime_context().gcs_address
     config = tmp_path / "run.yaml"
@@ -106,6 +107,7 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, ref
     assert again.returncode == 2 and "already finished all 8 rounds" in again.stderr
 
 
+@pytest.mark.slow
 def test_actor_killed_mid_round_is_replaced_with_identical_numbers(
     ray_session, reference, tmp_path, monkeypatch
 ):
@@ -126,6 +128,7 @@ def test_actor_killed_mid_round_is_replaced_with_identical_numbers(
     assert actors["pid"].nunique() == 3  # the replacement is a new process
 
 
+@pytest.mark.slow
 def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(
     ray_session, tmp_path, monkeypatch
 ):
@@ -142,6 +145,7 @@ def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(
     assert (events["kind"] == "actor-died").sum() == 1  # one replacement, then it gave up
 
 
+@pytest.mark.slow
 def test_dropouts_and_stragglers_are_drawn_per_round_and_recorded(reference):
     from perfed_ray.strategy import Strategy
 
@@ -163,6 +167,7 @@ def test_dropouts_and_stragglers_are_drawn_per_round_and_recorded(reference):
     assert set(events["kind"]) == {"dropout", "straggler"}
 
 
+@pytest.mark.slow
 def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_session, tmp_path):
     """A scheduler's SIGTERM (`timeout`, Kubernetes, Slurm) mid-run: the run is marked
     `interrupted`, the CLI exits 130 without a stack dump, and --resume finishes it with

@@ -36,6 +36,7 @@ def _committed(algorithm: str) -> pd.Series:
     return match.iloc[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
 @pytest.mark.parametrize("algorithm", ["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg"])
 def test_first_rounds_of_the_committed_table1_runs_are_reproduced(

@@ -39,6 +39,7 @@ def _row(text: str, label: str, section: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")][1:]
 
 
+@pytest.mark.slow
 def test_table1_cells_are_means_over_seeds_with_both_intervals(tiny_results, report):
     _, dest = report
     text = (dest / "table1.md").read_text()
@@ -62,6 +63,7 @@ def test_table1_cells_are_means_over_seeds_with_both_intervals(tiny_results, rep
     assert "leaks test labels" in text
 
 
+@pytest.mark.slow
 def test_diverged_run_is_counted_never_averaged(report):
     _, dest = report
     text = (dest / "table1.md").read_text()
@@ -72,6 +74,7 @@ def test_diverged_run_is_counted_never_averaged(report):
     assert standardized.endswith("1 seed") and "± n/a" in standardized
 
 
+@pytest.mark.slow
 def test_learning_curves_are_pngs_one_per_row_with_finished_runs(report):
     written, dest = report
     pngs = sorted((dest / "curves").glob("*.png"))
@@ -81,6 +84,7 @@ def test_learning_curves_are_pngs_one_per_row_with_finished_runs(report):
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_groups_table_has_before_and_after_per_group(tiny_results, report):
     _, dest = report
     text = (dest / "groups.md").read_text()
@@ -92,6 +96,7 @@ def test_groups_table_has_before_and_after_per_group(tiny_results, report):
     assert cells[7] == f"{100 * by_seed['B'].mean():.2f}"
 
 
+@pytest.mark.slow
 def test_report_command_and_its_errors(tiny_results, tmp_path, capsys):
     assert main(["report", str(tiny_results), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "table1.md").is_file() and (tmp_path / "rep" / "runs.md").is_file()
@@ -139,6 +144,7 @@ def test_a_cell_with_finished_and_diverged_seeds():
     assert Cell().text(None) == "not run"
 
 
+@pytest.mark.slow
 def test_every_run_is_listed_with_the_variant_it_ran(report):
     _, dest = report
     lines = (dest / "runs.md").read_text().splitlines()

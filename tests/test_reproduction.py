@@ -4,6 +4,7 @@ table written from the Parquet files, and the authors' code's figure beside it."
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 import yaml
 
 from tests.conftest import TINY, experiment_script
@@ -21,6 +22,7 @@ FACTS = {
 }
 
 
+@pytest.mark.slow
 def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
     ray_session, tmp_path, monkeypatch
 ):

@@ -72,6 +72,7 @@ def test_synthetic_needs_its_natural_partition():
         from_mapping({"dataset": "mnist", "partition": "natural"})
 
 
+@pytest.mark.slow
 def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
     cfg = from_mapping(
         {
@@ -104,6 +105,7 @@ def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
     assert acc[6] > acc[0]
 
 
+@pytest.mark.slow
 def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session):
     """The fused path inside an actor gives each user what the sequential learner gives."""
     import torch
@@ -199,6 +201,7 @@ def test_synthetic_iid_users_share_one_model_and_centre_while_synthetic_users_do
     assert len(x_train) == int(0.8 * (len(x_train) + len(x_test)))  # the paper's 80/20
 
 
+@pytest.mark.slow
 def test_synthetic_iid_runs_with_logistic_regression(ray_session, tmp_path):
     result = perfed_ray.simulate(
         {

@@ -99,6 +99,7 @@ def test_synthetic_features_are_not_pixels():
         from_mapping({"dataset": "synthetic", "partition": "natural", "input_scale": "raw"})
 
 
+@pytest.mark.slow
 def test_a_run_with_standardized_inputs(tiny_results):
     runs = pd.read_parquet(tiny_results / "runs")
     assert set(runs["input_scale"]) == {"unit", "standardize"}

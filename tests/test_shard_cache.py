@@ -47,6 +47,7 @@ def test_the_cache_keeps_the_most_recent_shards_within_its_budget():
         tiny[12]  # not hosted here
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "values",
     [GENERATED, {**TINY, "n_users": 8, "algorithm": "ditto", "data_transport": "data_root"}],

@@ -84,6 +84,7 @@ def _results(out):
 SUM_ORDER_RTOL = 1e-5
 
 
+@pytest.mark.slow
 def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session, tmp_path):
     values = {
         "algorithm": "perfedavg-hf",
@@ -110,6 +111,7 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
 
 # Every algorithm's engines are checked against the sequential one in test_engines.py; here
 # the whole pipeline (placement, actors, sums) for the default algorithm.
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
 def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine):
     """Packed actors train their users together (vmap, or stacked parameters); the
@@ -128,6 +130,7 @@ def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine)
     assert (gap <= 1 + 1e-9).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
 def test_each_engine_gives_the_same_numbers_whatever_the_placement(ray_session, tmp_path, engine):
     """Users trained in blocks of other sizes, on other actors, get the same numbers."""
@@ -146,6 +149,7 @@ def test_each_engine_gives_the_same_numbers_whatever_the_placement(ray_session, 
     pd.testing.assert_frame_equal(e1[metrics], e2[metrics], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
     _run(tmp_path, algorithm="fedavg", rounds=2, eval_every=2, users_per_actor=3)
     _run(tmp_path, algorithm="perfedavg-fo", rounds=2, eval_every=2, users_per_actor=3)
@@ -155,6 +159,7 @@ def test_many_runs_read_back_as_one_table(ray_session, tmp_path):
     assert set(by_algorithm.index) == {"fedavg", "perfedavg-fo"}
 
 
+@pytest.mark.slow
 def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
     cfg = from_mapping(
         {
@@ -179,6 +184,7 @@ def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
     assert pd.read_parquet(tmp_path / "runs")["paper_a"].iloc[0] == 196
 
 
+@pytest.mark.slow
 def test_divergence_stops_the_run_naming_round_and_users(ray_session, tmp_path):
     from perfed_ray.runtime.coordinator import Diverged
 
@@ -195,6 +201,7 @@ def test_divergence_stops_the_run_naming_round_and_users(ray_session, tmp_path):
     assert pd.read_parquet(tmp_path / "rounds")["round"].tolist() == [1]
 
 
+@pytest.mark.slow
 def test_sampled_evaluations_score_eval_users_drawn_per_evaluation(ray_session, tmp_path):
     """eval_users: intermediate evaluations score a sample drawn from each evaluation's
     own stream; the final one scores everyone unless sample_final_eval."""
@@ -216,6 +223,7 @@ def test_sampled_evaluations_score_eval_users_drawn_per_evaluation(ray_session, 
             from_mapping({**EASY, "eval_users": bad})
 
 
+@pytest.mark.slow
 def test_unseen_users_never_train_and_curves_go_k_steps_from_the_protocols_one(
     ray_session, tmp_path
 ):
@@ -256,6 +264,7 @@ def test_unseen_users_never_train_and_curves_go_k_steps_from_the_protocols_one(
         from_mapping({**EASY, **values, "unseen_users": 0.7})
 
 
+@pytest.mark.slow
 def test_local_users_train_alone_and_are_scored_on_their_own_models(ray_session, tmp_path):
     """`local`: the server's model never moves; each user's own model (its state) is what
     its personalisation starts from, and a user that never trained starts from w_0."""

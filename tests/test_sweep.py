@@ -248,6 +248,7 @@ def swept(ray_session, tmp_path_factory) -> tuple[Path, str]:
     return folder / "results", stdout + stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session, swept, tmp_path):
     out, printed = swept
     runs = read_runs(out)
@@ -284,6 +285,7 @@ def _mid_run(runs: pd.DataFrame, rounds: pd.DataFrame) -> bool:
     return bool(set(running) & set(rounds["run_id"]))
 
 
+@pytest.mark.slow
 def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(ray_session, swept, tmp_path):
     address = ray_session.get_runtime_context().gcs_address
     out = tmp_path / "results"
@@ -309,6 +311,7 @@ def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(ray_session, swept
     assert main(["sweep", str(_write(tmp_path, SWEEP)), "--out", str(out)]) == 2  # exists
 
 
+@pytest.mark.slow
 def test_runs_say_why_they_ended_and_the_search_picks_on_validation(ray_session, tmp_path):
     """Finished, stopped early, diverged and interrupted side by side. One trial at a time
     (each reserves both CPUs): the first, whose step size learns, sets the bar the

@@ -14,6 +14,7 @@ def table1():
     yield from experiment_script("table1")
 
 
+@pytest.mark.slow
 def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(
     table1, tiny_results, tmp_path
 ):
@@ -83,6 +84,7 @@ def test_named_rows_restrict_the_grid_and_unknown_rows_are_refused(table1, tmp_p
         table1.main(["mnist-tau3", "--dry-run", "--out", out])
 
 
+@pytest.mark.slow
 def test_a_cell_finished_meanwhile_is_skipped_when_its_turn_comes(table1, tmp_path, capsys):
     # The same cell planned twice stands for two processes sharing the folder: by the
     # second's turn the first has finished it, and it must not be resumed or rerun.
