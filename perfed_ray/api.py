@@ -15,6 +15,7 @@ and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are writte
 
 from __future__ import annotations
 
+import errno
 import os
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -63,13 +64,26 @@ class RunResult:
 
 def check_out(out: Path) -> None:
     """A results folder must be creatable, writable, and empty or perfed-ray's own:
-    runs are added to it side by side, but never mixed into someone else's files."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
+    runs are added to it side by side, but never mixed into someone else's files. It is
+    only checked here, not made: the run makes it when it writes, so input found bad
+    later (the data) leaves no empty folder behind."""
+    nearest = next(p for p in (out, *out.parents) if p.exists())
+    problem = (
+        errno.EEXIST
+        if nearest == out and not out.is_dir()
+        else errno.ENOTDIR
+        if not nearest.is_dir()
+        else errno.EACCES
+        if nearest != out and not os.access(nearest, os.W_OK | os.X_OK)
+        else None
+    )
+    if problem is not None:
         raise ConfigError(
-            f"--out {str(out)!r} cannot be created ({err.strerror}): choose a writable folder"
-        ) from None
+            f"--out {str(out)!r} cannot be created ({os.strerror(problem)}): choose a "
+            f"writable folder"
+        )
+    if not out.exists():
+        return
     if not os.access(out, os.W_OK):
         raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
     from perfed_ray.results.writer import TABLES

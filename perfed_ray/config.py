@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from perfed_ray import yamlfile
 from perfed_ray.errors import ConfigError
 from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
 from perfed_ray.settings import KINDS, Setting
@@ -30,6 +31,8 @@ HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 TRAINED_USERS = ("sampled", "all")
 SAMPLINGS = ("uniform", "samples")
+MAX_USERS = 10**8  # the driver holds arrays of every user's id: 10^8 is about a GB
+MAX_BATCH = 10**6  # samples of one batch, a memory bound on the actors, not a data bound
 
 
 def _opt(default: Any, help: str, **facts: Any) -> Any:
@@ -95,7 +98,12 @@ class RunConfig:
         0.5, "concentration of the `dirichlet` partition", low=0, low_open=True
     )
     labels_per_user: int = _opt(2, "classes per user of the `labels` partition", low=1)
-    n_users: int = _opt(50, "number of users n", low=1)
+    n_users: int = _opt(
+        50,
+        "number of users n (the driver keeps a few numbers per user, so at most 10^8)",
+        low=1,
+        high=MAX_USERS,
+    )
     fraction: float = _opt(
         0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
     )
@@ -112,7 +120,13 @@ class RunConfig:
     rounds: int = _opt(1000, "communication rounds K", low=1)
     alpha: float = _opt(0.01, "step size of the inner (adaptation) step", low=0)
     beta: float = _opt(0.001, "local (outer) step size", low=0, low_open=True)
-    batch_size: int = _opt(40, "size of each batch D, D', D''", low=1)
+    batch_size: int = _opt(
+        40,
+        "size of each batch D, D', D'' (a small user's batch is filled up to it from "
+        "its own samples, so at most 10^6)",
+        low=1,
+        high=MAX_BATCH,
+    )
     delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0, low_open=True)
     hf_delta: str = _opt(
         "fixed",
@@ -527,23 +541,12 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: Path, what: str) -> Any:
-    """A YAML file's contents; a missing or malformed `what` (e.g. "configuration file")
-    is a ConfigError naming it."""
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
-
-
 def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a YAML file (or nothing: all defaults) and apply `--set` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        loaded = read_yaml(path, "configuration file")
+        loaded = yamlfile.read(path, "configuration file")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import re
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,17 @@ def import_object(path: str) -> Any:
         raise ConfigError(
             f"cannot import {module_name!r} for {path!r} ({err}): is it on "
             f"PYTHONPATH, or installed?"
+        ) from None
+    except SyntaxError as err:  # the user's module itself is broken: show where
+        raise ConfigError(
+            f"cannot import {module_name!r} for {path!r}: {err.msg} at "
+            f"{err.filename}, line {err.lineno}"
+        ) from None
+    except Exception as err:  # raised while the module ran: its innermost line
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise ConfigError(
+            f"cannot import {module_name!r} for {path!r}: {type(err).__name__}: {err} at "
+            f"{frame.filename}, line {frame.lineno}"
         ) from None
     for part in attribute.split("."):
         try:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from perfed_ray import config as configuration
+from perfed_ray import yamlfile
 from perfed_ray.config import CORE, RunConfig, base_type, flatten, legacy_keys
 from perfed_ray.errors import ConfigError
 from perfed_ray.runtime.checkpoint import SAFE_ID
@@ -189,7 +190,7 @@ def load(
     trial, `resources` (`key=value`) replace keys of its `resources:` section."""
     path = Path(path)
     file = _File(path)
-    doc = file.mapping("sweep file", configuration.read_yaml(path, "sweep file"))
+    doc = file.mapping("sweep file", yamlfile.read(path, "sweep file"))
     for section in doc:
         if section not in SECTIONS:
             close = difflib.get_close_matches(str(section), SECTIONS, n=1)
