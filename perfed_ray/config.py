@@ -11,7 +11,6 @@ allowed, so the CLI can exit with status 2 and one clear line.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from perfed_ray import yamlfile
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, did_you_mean
 from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
 from perfed_ray.settings import KINDS, Setting
 
@@ -426,10 +425,9 @@ def flatten(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unknown(key: str, known: Iterable[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(
-        f"unknown configuration key {key!r}{hint}; see `perfed-ray keys` for the allowed keys"
+        f"unknown configuration key {key!r}{did_you_mean(key, known)}; see `perfed-ray keys` "
+        f"for the allowed keys"
     )
 
 

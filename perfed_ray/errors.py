@@ -4,6 +4,9 @@ Kept free of heavy imports so that a bad configuration is reported at once,
 before torch, Ray or the data are loaded.
 """
 
+import difflib
+from collections.abc import Iterable
+
 
 class InputError(ValueError):
     """Bad input; the message names the problem and the fix."""
@@ -15,3 +18,10 @@ class ConfigError(InputError):
 
 class DataError(InputError):
     """The data set cannot be had, or cannot be split as configured."""
+
+
+def did_you_mean(name: object, known: Iterable[str]) -> str:
+    """`` (did you mean 'alpha'?)`` for the known name closest to a misspelt one, or
+    nothing: the one hint every unknown key, section or component name gets."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, did_you_mean
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -95,12 +95,8 @@ class Registry:
             return name
         paths = {**self._entry_points(), **self.builtins}
         if name not in paths:
-            import difflib
-
-            close = difflib.get_close_matches(name, list(paths), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"{self.key} = {name!r} is not allowed{hint}: one of "
+                f"{self.key} = {name!r} is not allowed{did_you_mean(name, paths)}: one of "
                 f"{', '.join(self.names())}, or a dotted path "
                 f"package.module:Name to your own {self.concept}"
             )

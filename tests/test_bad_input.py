@@ -129,3 +129,25 @@ def test_offline_without_data_says_what_is_missing_and_makes_nothing(tmp_path, d
     env = {**OFFLINE, "HOME": str(home)}
     line = _run("--set", f"dataset={dataset}", cwd=tmp_path, env=env, data=False)
     assert "downloading failed" in line and not home.exists()
+
+
+def test_every_misspelt_name_gets_the_one_hint(tmp_path):
+    """Keys, sections of a sweep file and component names: one hint, from one place."""
+    from perfed_ray.errors import did_you_mean
+    from perfed_ray.sweep import spec
+
+    assert did_you_mean("alpah", ["alpha", "beta"]) == " (did you mean 'alpha'?)"
+    assert did_you_mean("zzz", ["alpha"]) == ""
+    sweep = tmp_path / "sweep.yaml"
+    for values, wanted, loader in [
+        ({"alpah": 0.1}, "alpha", from_mapping),
+        ({"algorithm": "fedavgg"}, "fedavg", from_mapping),
+        ("gird: {}\n", "grid", None),
+        ("grid: {alpah: [0.1]}\n", "alpha", None),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(f"(did you mean {wanted!r}?)")):
+            if loader is None:
+                sweep.write_text(values)
+                spec.load(sweep)
+            else:
+                loader(values)

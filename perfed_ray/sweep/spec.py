@@ -29,7 +29,6 @@ base, grid, sample, seed; trial i's run is ``<name>-<i:04d>``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import itertools
 import math
@@ -43,7 +42,7 @@ import numpy as np
 from perfed_ray import config as configuration
 from perfed_ray import yamlfile
 from perfed_ray.config import CORE, RunConfig, base_type, flatten, legacy_keys
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, did_you_mean
 from perfed_ray.runtime.checkpoint import SAFE_ID
 from perfed_ray.runtime.placement import bundles, plan
 
@@ -162,10 +161,10 @@ class _File:
         (dotted: checked with the trial's components), or an older name of one."""
         for key in values:
             if key not in CORE and "." not in str(key) and key not in legacy_keys():
-                close = difflib.get_close_matches(str(key), CORE, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.error(
-                    section, f"unknown configuration key {key!r}{hint}; see `perfed-ray keys`"
+                    section,
+                    f"unknown configuration key {key!r}{did_you_mean(key, CORE)}; see "
+                    f"`perfed-ray keys`",
                 )
 
     def number(self, section: str, key: str, value: Any, low: float, open_: bool = False) -> float:
@@ -193,8 +192,7 @@ def load(
     doc = file.mapping("sweep file", yamlfile.read(path, "sweep file"))
     for section in doc:
         if section not in SECTIONS:
-            close = difflib.get_close_matches(str(section), SECTIONS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(section, SECTIONS)
             raise file.error(section, f"unknown section{hint}; sections: {', '.join(SECTIONS)}")
     name = str(doc.get("name", path.stem))
     if not SAFE_ID.fullmatch(name):
