@@ -260,6 +260,11 @@ def simulate(
 
         connect.connect(cluster, plugin_modules(cfg))
     simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
+    if placement_group is None:  # a sweep's trial was sized by its reserved group
+        from perfed_ray.runtime.checkpoint import RunStore
+
+        blocks = None if result is None else RunStore(folder, run_id).load_record().blocks
+        simulation.check_resources(prepared.cfg, blocks)
     if result is None:
         result = RunResult(run_id or simulation.new_run_id(cfg), folder)
     if announce:

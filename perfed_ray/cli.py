@@ -168,7 +168,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 0
         from perfed_ray.sweep import runner
 
-        folder = runner.create(sweep, Path(args.out or "results"))
+        folder, sweep = runner.check(sweep, Path(args.out or "results"))
     out = folder.parent.parent
     again = f"perfed-ray sweep --resume {folder}" + (
         f" --address {args.address}" if args.address else ""
@@ -179,7 +179,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        outcome = runner.run(folder, args.address, args.verbose, " ".join(sys.argv))
+        outcome = runner.run(
+            folder, args.address, args.verbose, " ".join(sys.argv), None if args.resume else sweep
+        )
     except KeyboardInterrupt:
         print(f"\ninterrupted: continue the sweep with\n  {again}", file=sys.stderr)
         return 130

@@ -7,14 +7,18 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
+import perfed_ray
 from perfed_ray.config import from_mapping
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, InputError
 
-TINY = ["--set", "dataset=gaussian", "--set", "n_users=4", "--set", "fraction=0.5"]
+TINY_RUN = {"dataset": "gaussian", "n_users": 4, "fraction": 0.5}
+TINY = [arg for k, v in TINY_RUN.items() for arg in ("--set", f"{k}={v}")]
 
 
 def _run(*args: str, cwd: Path, env: dict[str, str] | None = None, data: bool = True) -> str:
@@ -151,3 +155,47 @@ def test_every_misspelt_name_gets_the_one_hint(tmp_path):
                 spec.load(sweep)
             else:
                 loader(values)
+
+
+def test_actors_the_cluster_cannot_hold_exit_2_at_once_naming_both(ray_session, tmp_path):
+    """Ray would wait for ever for them; the run says so within seconds, writing nothing."""
+    address = ray_session.get_runtime_context().gcs_address
+    start = time.perf_counter()
+    result = run_cli([*TINY, "--set", "num_cpus_per_actor=1000", "--out", str(tmp_path)], address)
+    assert result.returncode == 2 and time.perf_counter() - start < 60, result.stderr
+    assert "error: each actor asks for 1000 CPU, but the largest node has 2 CPU" in result.stderr
+    with pytest.raises(ConfigError, match="each actor asks for 1 GPU, but the largest node has 0"):
+        perfed_ray.simulate(TINY_RUN, tmp_path, num_gpus_per_actor=1)
+    with pytest.raises(ConfigError, match="4 actors ask for 4 CPU together, but the cluster has 2"):
+        perfed_ray.simulate(TINY_RUN, tmp_path, num_cpus_per_actor=1, users_per_actor=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_larger_than_it_can_run_is_refused_at_once(ray_session, tmp_path):
+    from perfed_ray.sweep import runner, spec
+
+    path = tmp_path / "sweep.yaml"
+    config = "dataset: gaussian, n_users: 4, fraction: 0.5, rounds: 2"
+    base = f"config: {{{config}}}\n"
+    for text, message in [
+        (
+            "sample: {samples: 100000000, uniform: {alpha: [0.001, 0.01]}}\n",
+            "sample: samples = 100000000 give 100000000 trials; a sweep runs at most 10000",
+        ),
+        ("seeds: 10001\n", "trials: base, grid, sample and seeds give 10001 trials"),
+        (
+            f"config: {{{config}, num_gpus_per_actor: 1}}\n",
+            "each actor asks for 1 GPU (num_gpus_per_actor), more than the trial reserves "
+            "for all its actors (resources: gpus = 0)",
+        ),
+    ]:
+        path.write_text(text if text.startswith("config") else base + text)
+        start = time.perf_counter()
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            spec.load(path)
+        assert time.perf_counter() - start < 10
+    path.write_text(base)
+    folder, sweep = runner.check(spec.load(path, resources=["cpus=1000"]), tmp_path / "out")
+    with pytest.raises(InputError, match="4 actors ask for 4 CPU together, but the cluster has 2"):
+        runner.run(folder, new=sweep)
+    assert not (tmp_path / "out").exists()  # nothing recorded: nothing to resume
