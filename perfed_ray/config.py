@@ -82,7 +82,7 @@ class RunConfig:
     )
     input_scale: str = _opt(
         "unit",
-        "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
+        "how pixels become inputs: unit [0, 1] (docs/PROTOCOL.md), standardize (per-channel "
         "mean and standard deviation of the whole training set, the same for every user), "
         "standardize-pixel (the same per pixel), raw (0-255)",
         choices=INPUT_SCALES,
@@ -173,7 +173,7 @@ class RunConfig:
     personalise_steps: int = _opt(
         1,
         "personalisation steps at evaluation: scores after 0, 1, ..., k steps (acc_steps, "
-        "loss_steps); acc_after is after k (PROTOCOL.md: 1)",
+        "loss_steps); acc_after is after k (docs/PROTOCOL.md: 1)",
         low=1,
     )
     unseen_users: float = _opt(

@@ -74,7 +74,7 @@ def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
     """A writable root whose `folder` links to the read-only originals.
 
     torchvision unpacks archives next to them; a shared read-only data
-    folder (a mounted volume, ../shared/data) cannot take that, so the
+    folder (a mounted volume, a copy shared by several machines) cannot take that, so the
     archives are linked from a cache folder and unpacked there instead.
     """
     if _writable(root / folder):

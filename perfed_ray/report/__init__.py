@@ -37,7 +37,7 @@ from perfed_ray.report.curves import plot, run_curves
 PROTOCOL_SCALE = FIELDS["input_scale"].default
 
 SECTIONS = {
-    "main": "Table 1 (protocol as in PROTOCOL.md)",
+    "main": "Table 1 (protocol as in docs/PROTOCOL.md)",
     "leaking": "FedAvg adapted on TEST data (`adapt_on: test`): leaks test labels, "
     "the paper's FedAvg text; not comparable with the main table",
     "study": "Study: input scaling and HF's difference step",
@@ -155,7 +155,7 @@ def groups_markdown(runs: pd.DataFrame) -> str:
         "# Accuracy by group of users (final model, %, mean over seeds)",
         "",
         "Group A: users holding classes 0-4 evenly; group B: users holding mostly one "
-        "class of 5-9 (PROTOCOL.md). Unweighted means over the users of the group, then "
+        "class of 5-9 (docs/PROTOCOL.md). Unweighted means over the users of the group, then "
         "over finished seeds.",
         "",
         "| section | row | method | seeds | A before | A after | B before | B after |",
