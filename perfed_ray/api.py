@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from perfed_ray import config as configuration
+from perfed_ray.display import ProgressDisplay, SummaryTable
 from perfed_ray.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -48,11 +49,11 @@ class RunResult:
 
         return read_table(self.out, name, self.run_id)
 
-    def summary(self) -> pd.DataFrame:
-        """The run's row of `perfed-ray summary`."""
+    def summary(self) -> SummaryTable:
+        """The run's row of `perfed-ray summary`, which prints as that command's table."""
         from perfed_ray.analysis import summary
 
-        return summary(self.out, self.run_id)
+        return SummaryTable(summary(self.out, self.run_id))
 
     @property
     def checkpoint(self) -> Path:
@@ -206,7 +207,7 @@ def simulate(
     overrides: Iterable[str] = (),
     resume: str | Path | None = None,
     address: str | None = None,
-    progress: Callable[[Any], None] | None = None,
+    progress: Callable[[Any], None] | bool = True,
     announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
     verbose: bool = False,
     run_id: str | None = None,
@@ -222,8 +223,9 @@ def simulate(
     own, which `out` may only repeat); `overrides` are `key=value` strings and
     `changes` keyword values, both applied on top. `address` joins a running Ray
     cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
-    `progress` receives a :class:`~perfed_ray.runtime.coordinator.Progress` after
-    every round; `announce` is told the resolved configuration and run once Ray is up
+    `progress` shows the command line's progress line on stderr (True), nothing
+    (False), or is called with a :class:`~perfed_ray.runtime.coordinator.Progress`
+    after every round; `announce` is told the resolved configuration and run once Ray is up
     and before the run begins (so a SIGTERM handler it installs is not Ray's);
     `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
     `run_id` names a new run (default: its start time, algorithm and a random suffix),
@@ -272,11 +274,13 @@ def simulate(
     from perfed_ray.runtime.coordinator import Diverged, Stopped
     from perfed_ray.runtime.pool import WorkFailed
 
+    if progress is True:
+        progress = ProgressDisplay()
     try:
         simulation.run(
             prepared,
             folder,
-            progress,
+            progress or None,
             result.run_id,
             resume=resume is not None,
             group=placement_group,
