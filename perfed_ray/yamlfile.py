@@ -9,6 +9,7 @@ with it before anything starts. Nothing here imports torch or Ray.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,11 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # PyYAML's own error says so
+                continue
             if key in first:
                 raise _DuplicateKey(
                     problem=f"key {key!r} is given twice (first on line {first[key].line + 1})",
@@ -35,11 +40,6 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             first[key] = key_node.start_mark
         return super().construct_mapping(node, deep)
-
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping
-)
 
 
 def _where(text: bytes, offset: int) -> str:

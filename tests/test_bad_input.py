@@ -60,6 +60,17 @@ def test_a_bad_configuration_file_is_one_line_naming_it_and_where(tmp_path, text
     assert message in line
 
 
+def test_anchors_and_overrides_of_merged_keys_are_no_duplicates(tmp_path):
+    from perfed_ray import yamlfile
+
+    path = tmp_path / "anchors.yaml"
+    path.write_text("base: &b {tau: 2, rounds: 3}\nrun:\n  <<: *b\n  tau: 4\n")
+    assert yamlfile.read(path, "file") == {
+        "base": {"tau": 2, "rounds": 3},
+        "run": {"tau": 4, "rounds": 3},
+    }
+
+
 NUMBERS = [
     ("rounds=1e30", "rounds = '1e30' is out of range: an integer >= 1 below 2**63"),
     (
