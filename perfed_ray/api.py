@@ -63,21 +63,22 @@ class RunResult:
         return RunStore(self.out, self.run_id).folder
 
 
+def _not_creatable(out: Path) -> int | None:
+    """The errno that making folder `out` would meet, None if it exists or can be made."""
+    nearest = next(p for p in (out, *out.parents) if p.exists())
+    if nearest == out:
+        return None if out.is_dir() else errno.EEXIST
+    if not nearest.is_dir():
+        return errno.ENOTDIR
+    return None if os.access(nearest, os.W_OK | os.X_OK) else errno.EACCES
+
+
 def check_out(out: Path) -> None:
     """A results folder must be creatable, writable, and empty or perfed-ray's own:
     runs are added to it side by side, but never mixed into someone else's files. It is
     only checked here, not made: the run makes it when it writes, so input found bad
     later (the data) leaves no empty folder behind."""
-    nearest = next(p for p in (out, *out.parents) if p.exists())
-    problem = (
-        errno.EEXIST
-        if nearest == out and not out.is_dir()
-        else errno.ENOTDIR
-        if not nearest.is_dir()
-        else errno.EACCES
-        if nearest != out and not os.access(nearest, os.W_OK | os.X_OK)
-        else None
-    )
+    problem = _not_creatable(out)
     if problem is not None:
         raise ConfigError(
             f"--out {str(out)!r} cannot be created ({os.strerror(problem)}): choose a "
