@@ -95,11 +95,12 @@ class Setting:
         too_low = self.low is not None and (
             value <= self.low if self.low_open else value < self.low
         )
+        shown = given if isinstance(given, (str, float)) else value  # 1e30 as written
         if too_low or (self.high is not None and value > self.high):
-            raise ConfigError(f"{key} = {given!r} is out of range: {self.describe(key)}")
+            raise ConfigError(f"{key} = {shown!r} is out of range: {self.describe(key)}")
         if kind is int and abs(value) > INT64_MAX:
             raise ConfigError(
-                f"{key} = {given!r} is out of range: {self.describe(key)} below 2**63 "
+                f"{key} = {shown!r} is out of range: {self.describe(key)} below 2**63 "
                 f"(it is stored in a 64-bit Parquet column)"
             )
         return value
