@@ -29,8 +29,9 @@ from pathlib import Path
 from table1 import Cell, estimate, run_cells, state, timings
 
 from perfed_ray.analysis import read_runs
-from perfed_ray.config import flatten, read_yaml
+from perfed_ray.config import flatten
 from perfed_ray.report.comparison import write_comparison
+from perfed_ray.yamlfile import read as read_yaml
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "comparison"

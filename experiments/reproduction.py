@@ -31,7 +31,7 @@ import pandas as pd
 from table1 import Cell, estimate, run_cells, state, timings
 
 from perfed_ray.analysis import best_round, mean_ci95, pooled_accuracy, read_runs, read_table
-from perfed_ray.config import read_yaml
+from perfed_ray.yamlfile import read as read_yaml
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "reproduction"

@@ -15,6 +15,7 @@ and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are writte
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from perfed_ray import config as configuration
+from perfed_ray.display import ProgressDisplay, SummaryTable
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import LOGS, RunLife, new_run_id
 
@@ -46,11 +48,11 @@ class RunResult:
 
         return read_table(self.out, name, self.run_id)
 
-    def summary(self) -> pd.DataFrame:
-        """The run's row of `perfed-ray summary`."""
+    def summary(self) -> SummaryTable:
+        """The run's row of `perfed-ray summary`, which prints as that command's table."""
         from perfed_ray.analysis import summary
 
-        return summary(self.out, self.run_id)
+        return SummaryTable(summary(self.out, self.run_id))
 
     @property
     def checkpoint(self) -> Path:
@@ -60,15 +62,29 @@ class RunResult:
         return RunStore(self.out, self.run_id).folder
 
 
+def _not_creatable(out: Path) -> int | None:
+    """The errno that making folder `out` would meet, None if it exists or can be made."""
+    nearest = next(p for p in (out, *out.parents) if p.exists())
+    if nearest == out:
+        return None if out.is_dir() else errno.EEXIST
+    if not nearest.is_dir():
+        return errno.ENOTDIR
+    return None if os.access(nearest, os.W_OK | os.X_OK) else errno.EACCES
+
+
 def check_out(out: Path) -> None:
     """A results folder must be creatable, writable, and empty or perfed-ray's own:
-    runs are added to it side by side, but never mixed into someone else's files."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
+    runs are added to it side by side, but never mixed into someone else's files. It is
+    only checked here, not made: the run makes it when it writes, so input found bad
+    later (the data) leaves no empty folder behind."""
+    problem = _not_creatable(out)
+    if problem is not None:
         raise ConfigError(
-            f"--out {str(out)!r} cannot be created ({err.strerror}): choose a writable folder"
-        ) from None
+            f"--out {str(out)!r} cannot be created ({os.strerror(problem)}): choose a "
+            f"writable folder"
+        )
+    if not out.exists():
+        return
     if not os.access(out, os.W_OK):
         raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
     from perfed_ray.results.writer import TABLES
@@ -112,7 +128,7 @@ def simulate(
     overrides: Iterable[str] = (),
     resume: str | Path | None = None,
     address: str | None = None,
-    progress: Callable[[Any], None] | None = None,
+    progress: Callable[[Any], None] | bool = True,
     announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None = None,
     verbose: bool = False,
     run_id: str | None = None,
@@ -128,8 +144,9 @@ def simulate(
     own, which `out` may only repeat); `overrides` are `key=value` strings and
     `changes` keyword values, both applied on top. `address` joins a running Ray
     cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
-    `progress` receives a :class:`~perfed_ray.runtime.coordinator.Progress` after
-    every round; `announce` is told the resolved configuration and run once Ray is up
+    `progress` shows the command line's progress line on stderr (True), nothing
+    (False), or is called with a :class:`~perfed_ray.runtime.coordinator.Progress`
+    after every round; `announce` is told the resolved configuration and run once Ray is up
     and before the run begins (so a SIGTERM handler it installs is not Ray's);
     `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).
     `run_id` names a new run (default: its start time, algorithm and a random suffix),
@@ -160,7 +177,7 @@ def _run(
     life: RunLife,
     cfg: configuration.RunConfig,
     address: str | None,
-    progress: Callable[[Any], None] | None,
+    progress: Callable[[Any], None] | bool,
     announce: Callable[[configuration.RunConfig, RunResult, bool], None] | None,
     verbose: bool,
     placement_group: PlacementGroup | None,
@@ -180,6 +197,17 @@ def _run(
 
         connect.connect(cluster, plugin_modules(cfg))
     simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
+    if placement_group is None:  # a sweep's trial was sized by its reserved group
+        blocks = None
+        if life.resumed:
+            from perfed_ray.runtime.checkpoint import RunStore
+
+            blocks = RunStore(life.out, life.run_id).load_record().blocks
+        simulation.check_resources(prepared.cfg, blocks)
     if announce:
         announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
-    simulation.run(prepared, life.out, progress, group=placement_group, command=command, life=life)
+    if progress is True:
+        progress = ProgressDisplay()
+    simulation.run(
+        prepared, life.out, progress or None, group=placement_group, command=command, life=life
+    )

@@ -18,45 +18,12 @@ import time
 import warnings
 from pathlib import Path
 
+from perfed_ray import __version__
 from perfed_ray import config as configuration
 from perfed_ray.api import REPORT
+from perfed_ray.display import duration
 from perfed_ray.errors import ConfigError, InputError, UnreadableFile
 from perfed_ray.lifecycle import LOGS
-
-
-class ProgressDisplay:
-    """One status line, redrawn in place on a terminal, printed at evaluations otherwise."""
-
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last_printed: int | None = None
-
-    def __call__(self, p) -> None:  # p: runtime.coordinator.Progress
-        eta = (p.rounds - p.round) / max(p.rounds_per_second, 1e-9)
-        acc = "-" if p.accuracy is None else f"{100 * p.accuracy:.2f}% (round {p.accuracy_round})"
-        width = 20
-        bar = "#" * int(width * p.round / p.rounds)
-        line = (
-            f"round {p.round}/{p.rounds} [{bar:<{width}}] "
-            f"{p.rounds_per_second:.2f} rounds/s, eta {_duration(eta)} | "
-            f"personalised acc {acc}"
-        )
-        if self.tty:
-            self.stream.write("\r\033[K" + line + ("\n" if p.round == p.rounds else ""))
-            self.stream.flush()
-        elif p.accuracy_round != self.last_printed or p.round == p.rounds:
-            self.last_printed = p.accuracy_round
-            print(line, file=self.stream, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-        if seconds >= 3600
-        else (f"{seconds // 60}m{seconds % 60:02d}s")
-    )
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -94,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             address=args.address,
             announce=announce,
             verbose=args.verbose,
-            progress=None if args.quiet else ProgressDisplay(),
+            progress=not args.quiet,
         )
     except InputError:
         raise
@@ -180,7 +147,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return 0
         from perfed_ray.sweep import runner
 
-        folder = runner.create(sweep, Path(args.out or "results"))
+        folder, sweep = runner.check(sweep, Path(args.out or "results"))
     out = folder.parent.parent
     again = f"perfed-ray sweep --resume {folder}" + (
         f" --address {args.address}" if args.address else ""
@@ -191,7 +158,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        outcome = runner.run(folder, args.address, args.verbose, " ".join(sys.argv))
+        outcome = runner.run(
+            folder, args.address, args.verbose, " ".join(sys.argv), None if args.resume else sweep
+        )
     except KeyboardInterrupt:
         print(f"\ninterrupted: continue the sweep with\n  {again}", file=sys.stderr)
         return 130
@@ -266,7 +235,10 @@ def _pairs(command: argparse.ArgumentParser, flag: str, help: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="perfed-ray", description=__doc__.splitlines()[0])
+    top = argparse.ArgumentParser(  # the whole docstring: its exit statuses too
+        prog="perfed-ray", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one simulation from a configuration file")
     run.add_argument("config", nargs="?", help="flat YAML configuration (default: all defaults)")
@@ -368,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if args.command in ("run", "sweep") and status == 0 and not getattr(args, "dry_run", False):
-        print(f"done in {_duration(time.perf_counter() - start)}", file=sys.stderr)
+        print(f"done in {duration(time.perf_counter() - start)}", file=sys.stderr)
     return status
 
 

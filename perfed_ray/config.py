@@ -11,7 +11,6 @@ allowed, so the CLI can exit with status 2 and one clear line.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from perfed_ray.errors import ConfigError
+from perfed_ray import yamlfile
+from perfed_ray.errors import ConfigError, did_you_mean
 from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
 from perfed_ray.settings import KINDS, Setting
 
@@ -30,6 +30,8 @@ HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 TRAINED_USERS = ("sampled", "all")
 SAMPLINGS = ("uniform", "samples")
+MAX_USERS = 10**8  # the driver holds arrays of every user's id: 10^8 is about a GB
+MAX_BATCH = 10**6  # samples of one batch, a memory bound on the actors, not a data bound
 
 
 def _opt(default: Any, help: str, **facts: Any) -> Any:
@@ -80,7 +82,7 @@ class RunConfig:
     )
     input_scale: str = _opt(
         "unit",
-        "how pixels become inputs: unit [0, 1] (PROTOCOL.md), standardize (per-channel "
+        "how pixels become inputs: unit [0, 1] (docs/PROTOCOL.md), standardize (per-channel "
         "mean and standard deviation of the whole training set, the same for every user), "
         "standardize-pixel (the same per pixel), raw (0-255)",
         choices=INPUT_SCALES,
@@ -97,7 +99,12 @@ class RunConfig:
     labels_per_user: int = _opt(
         2, "classes per user of the `labels` partition, shards per user of `shards`", low=1
     )
-    n_users: int = _opt(50, "number of users n", low=1)
+    n_users: int = _opt(
+        50,
+        "number of users n (the driver keeps a few numbers per user, so at most 10^8)",
+        low=1,
+        high=MAX_USERS,
+    )
     fraction: float = _opt(
         0.2, "fraction r of users sampled per round", low=0, high=1, low_open=True
     )
@@ -114,7 +121,13 @@ class RunConfig:
     rounds: int = _opt(1000, "communication rounds K", low=1)
     alpha: float = _opt(0.01, "step size of the inner (adaptation) step", low=0)
     beta: float = _opt(0.001, "local (outer) step size", low=0, low_open=True)
-    batch_size: int = _opt(40, "size of each batch D, D', D''", low=1)
+    batch_size: int = _opt(
+        40,
+        "size of each batch D, D', D'' (a small user's batch is filled up to it from "
+        "its own samples, so at most 10^6)",
+        low=1,
+        high=MAX_BATCH,
+    )
     delta: float = _opt(0.001, "finite-difference step of Per-FedAvg (HF)", low=0, low_open=True)
     hf_delta: str = _opt(
         "fixed",
@@ -162,7 +175,7 @@ class RunConfig:
     personalise_steps: int = _opt(
         1,
         "personalisation steps at evaluation: scores after 0, 1, ..., k steps (acc_steps, "
-        "loss_steps); acc_after is after k (PROTOCOL.md: 1)",
+        "loss_steps); acc_after is after k (docs/PROTOCOL.md: 1)",
         low=1,
     )
     unseen_users: float = _opt(
@@ -425,10 +438,9 @@ def flatten(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unknown(key: str, known: Iterable[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
     return ConfigError(
-        f"unknown configuration key {key!r}{hint}; see `perfed-ray keys` for the allowed keys"
+        f"unknown configuration key {key!r}{did_you_mean(key, known)}; see `perfed-ray keys` "
+        f"for the allowed keys"
     )
 
 
@@ -540,23 +552,12 @@ def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def read_yaml(path: Path, what: str) -> Any:
-    """A YAML file's contents; a missing or malformed `what` (e.g. "configuration file")
-    is a ConfigError naming it."""
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
-
-
 def load(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a YAML file (or nothing: all defaults) and apply `--set` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        loaded = read_yaml(path, "configuration file")
+        loaded = yamlfile.read(path, "configuration file")
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

@@ -18,11 +18,12 @@ import importlib.metadata
 import os
 import re
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, did_you_mean
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -45,6 +46,17 @@ def import_object(path: str) -> Any:
         raise ConfigError(
             f"cannot import {module_name!r} for {path!r} ({err}): is it on "
             f"PYTHONPATH, or installed?"
+        ) from None
+    except SyntaxError as err:  # the user's module itself is broken: show where
+        raise ConfigError(
+            f"cannot import {module_name!r} for {path!r}: {err.msg} at "
+            f"{err.filename}, line {err.lineno}"
+        ) from None
+    except Exception as err:  # raised while the module ran: its innermost line
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        raise ConfigError(
+            f"cannot import {module_name!r} for {path!r}: {type(err).__name__}: {err} at "
+            f"{frame.filename}, line {frame.lineno}"
         ) from None
     for part in attribute.split("."):
         try:
@@ -83,12 +95,8 @@ class Registry:
             return name
         paths = {**self._entry_points(), **self.builtins}
         if name not in paths:
-            import difflib
-
-            close = difflib.get_close_matches(name, list(paths), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"{self.key} = {name!r} is not allowed{hint}: one of "
+                f"{self.key} = {name!r} is not allowed{did_you_mean(name, paths)}: one of "
                 f"{', '.join(self.names())}, or a dotted path "
                 f"package.module:Name to your own {self.concept}"
             )

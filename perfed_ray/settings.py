@@ -23,6 +23,7 @@ from typing import Any
 from perfed_ray.errors import ConfigError
 
 KINDS = {"str": str, "int": int, "float": float, "bool": bool}
+INT64_MAX = 2**63 - 1  # integer values are stored in int64 Parquet columns
 
 
 @dataclass(frozen=True)
@@ -76,25 +77,32 @@ class Setting:
             return value
         if isinstance(value, bool):
             raise bad
+        given = value
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` and `1e9` as strings
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
         if kind is int:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             if not isinstance(value, int):
                 raise bad
         else:
-            if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string
-                try:
-                    value = float(value)
-                except ValueError:
-                    raise bad from None
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise bad
             value = float(value)
         too_low = self.low is not None and (
             value <= self.low if self.low_open else value < self.low
         )
+        shown = given if isinstance(given, (str, float)) else value  # 1e30 as written
         if too_low or (self.high is not None and value > self.high):
-            raise ConfigError(f"{key} = {value!r} is out of range: {self.describe(key)}")
+            raise ConfigError(f"{key} = {shown!r} is out of range: {self.describe(key)}")
+        if kind is int and abs(value) > INT64_MAX:
+            raise ConfigError(
+                f"{key} = {shown!r} is out of range: {self.describe(key)} below 2**63 "
+                f"(it is stored in a 64-bit Parquet column)"
+            )
         return value
 
     def describe(self, key: str) -> str:
@@ -112,11 +120,14 @@ class Setting:
             text = "a string"
         else:
             noun = "an integer" if kind is int else "a number"
-            low, high = self.low, self.high
+            low, high = (  # an integer bound in full (100000000), not as 1e+08
+                None if x is None else str(int(x)) if kind is int else f"{x:g}"
+                for x in (self.low, self.high)
+            )
             if low is not None and high is not None:
-                text = f"{noun} in {'(' if self.low_open else '['}{low:g}, {high:g}]"
+                text = f"{noun} in {'(' if self.low_open else '['}{low}, {high}]"
             elif low is not None:
-                text = f"{noun} {'>' if self.low_open else '>='} {low:g}"
+                text = f"{noun} {'>' if self.low_open else '>='} {low}"
             else:
                 text = noun
         return text + (f" or {self.word}" if self.auto else "")

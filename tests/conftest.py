@@ -13,12 +13,13 @@ from types import ModuleType
 
 import pytest
 
+from perfed_ray.data.datasets import resolve_root
+
 REPO = Path(__file__).resolve().parents[1]
-# Tests and CI read the verified copies in ../shared/data unless told otherwise; made
-# absolute, because tests run the CLI from other working directories.
-os.environ["PERFED_DATA"] = str(
-    Path(os.environ.get("PERFED_DATA", REPO.parent / "shared" / "data")).resolve()
-)
+# The data root the library itself would use ($PERFED_DATA, else its cache folder; the
+# README says how to fill it), made absolute and exported, because tests run the CLI
+# from other working directories.
+os.environ["PERFED_DATA"] = str(resolve_root(None))
 
 
 @pytest.fixture(scope="session")

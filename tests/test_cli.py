@@ -49,7 +49,7 @@ BAD_INPUTS = [
         ["--set", "algorithm=maml"],
         "algorithm = 'maml' is not allowed: one of fedavg, perfedavg, perfedavg-fo, perfedavg-hf",
     ),
-    (["--set", "n_users=ten"], "n_users = 'ten' is not allowed: an integer >= 1"),
+    (["--set", "n_users=ten"], "n_users = 'ten' is not allowed: an integer in [1, 100000000]"),
     (["--set", "alpah=0.1"], "unknown configuration key 'alpah' (did you mean 'alpha'?)"),
     (["--set", "beta"], "--set 'beta' is not of the form key=value"),
     (

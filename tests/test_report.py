@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import pytest
 
 from perfed_ray.cli import main
 from perfed_ray.config import RunConfig
-from perfed_ray.report import table1_markdown, write_report
+from perfed_ray.report import LEGEND, table1_markdown, write_report
 from perfed_ray.report.cells import Cell, method_of, section_of
+from perfed_ray.report.curves import band
 
 T_975_1 = 12.706204736174698  # Student t, 97.5%, one degree of freedom (two seeds)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -52,15 +54,11 @@ def test_table1_cells_are_means_over_seeds_with_both_intervals(tiny_results, rep
     fedavg, hf = _row(text, "gaussian, tau=2, alpha=0.01", "fraction = 0.5, n_users = 4")
     assert fedavg.startswith(f"{100 * mean:.2f} ± {100 * half:.2f} [± ")
     assert fedavg.endswith(", 2 seeds") and hf.endswith(", 2 seeds")
-    # The main table always shows Table 1's six rows, here not run, with the paper's figure.
-    main_row = _row(text, "MNIST, tau=10, alpha=0.01", "Table 1 (protocol")
-    assert main_row == [
-        "not run<br>paper 75.96",
-        "not run<br>paper 78.00",
-        "not run<br>paper 79.85",
-        "not run",
-    ]
-    assert "leaks test labels" in text
+    # None of these runs is on a Table 1 row: the report is of these runs' settings alone,
+    # not Table 1's six rows marked "not run".
+    assert text.startswith("# Final personalised accuracy of the runs, by setting")
+    assert "Table 1 (protocol" not in text and "not run" not in text.split(LEGEND)[1]
+    assert "leaks test labels" not in text
 
 
 @pytest.mark.slow
@@ -80,8 +78,16 @@ def test_learning_curves_are_pngs_one_per_row_with_finished_runs(report):
     pngs = sorted((dest / "curves").glob("*.png"))
     assert len(pngs) == 2  # the unit and the standardized row; the diverged row has none
     assert set(pngs) <= set(written)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+\.png", png.name) for png in pngs), pngs
     for png in pngs:
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 10_000
+
+
+def test_plotted_bands_stay_within_0_and_100_percent():
+    mean = pd.DataFrame({"accuracy": [0.02, 0.5, 0.98], "half": [0.1, 0.1, 0.1]})
+    low, high = band(mean)
+    assert low.tolist() == pytest.approx([0.0, 40.0, 88.0])
+    assert high.tolist() == pytest.approx([12.0, 60.0, 100.0])
 
 
 @pytest.mark.slow
@@ -190,6 +196,15 @@ def test_the_study_shows_the_protocol_runs_beside_hf_with_normalized_delta():
     )
     assert fedavg.startswith("60.00 ± n/a") and normalized.startswith("50.00 ± n/a")
     assert hf == "not run<br>paper 46.32"
+    # A run on a Table 1 row makes it Table 1's report: all six rows, run or not.
+    assert text.startswith("# Extended Table 1 (Fallah et al. 2020), reproduced")
+    assert _row(text, "MNIST, tau=10, alpha=0.01", "Table 1 (protocol") == [
+        "not run<br>paper 75.96",
+        "not run<br>paper 78.00",
+        "not run<br>paper 79.85",
+        "not run",
+    ]
+    assert "leaks test labels" in text
 
 
 def test_pooled_accuracy_counts_users_by_their_test_samples_and_finds_the_best_round():

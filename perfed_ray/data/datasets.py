@@ -10,6 +10,7 @@ same way, as one copy, with float features and their users' index ranges.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import zipfile
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perfed_ray.data.download import fetch, reason
 from perfed_ray.errors import DataError
 from perfed_ray.seeding import Stream, numpy_rng
 
@@ -57,6 +59,11 @@ def resolve_root(data_root: str | None) -> Path:
     return Path(root).expanduser().resolve()
 
 
+def default_root() -> Path:
+    """The per-user cache folder: the one data root made when missing, to download into."""
+    return resolve_root(str(DEFAULT_ROOT))
+
+
 def _writable(folder: Path) -> bool:
     """Writable for us and meant to be: root may write anywhere, but a folder
     without any write bit is somebody's read-only copy and stays untouched."""
@@ -67,7 +74,7 @@ def _writable_mirror(root: Path, folder: str, files: list[str]) -> Path:
     """A writable root whose `folder` links to the read-only originals.
 
     torchvision unpacks archives next to them; a shared read-only data
-    folder (a mounted volume, ../shared/data) cannot take that, so the
+    folder (a mounted volume, a copy shared by several machines) cannot take that, so the
     archives are linked from a cache folder and unpacked there instead.
     """
     if _writable(root / folder):
@@ -91,28 +98,33 @@ MNIST_ARCHIVES = [
 
 
 def load_mnist(root: Path, download: bool, seed: int) -> DataArrays:
-    """MNIST through torchvision; archives already in `root/MNIST/raw` are used offline."""
+    """MNIST through torchvision; archives already in `root/MNIST/raw` are used offline,
+    missing ones downloaded (all or nothing) when `download` is on."""
     from torchvision.datasets import MNIST
 
     raw = root / "MNIST" / "raw"
     have_archives = all((raw / f).is_file() for f in MNIST_ARCHIVES)
     unpacked = all((raw / f.removesuffix(".gz")).is_file() for f in MNIST_ARCHIVES)
-    if not (have_archives or unpacked or download):
-        raise DataError(
-            f"MNIST not found under {raw} and download is off: put the four "
-            f"MNIST archives there, point data_root (or ${DATA_ENV}) at a folder "
-            f"that has MNIST/raw, or set download: true"
+    if not (have_archives or unpacked):
+        absent = ", ".join(f for f in MNIST_ARCHIVES if not (raw / f).is_file())
+        missing = f"MNIST not found under {raw} (missing {absent})"
+        how = (
+            f"download them from {MNIST.mirrors[0]} into that folder, or point data_root "
+            f"(or ${DATA_ENV}) at a folder that has MNIST/raw"
         )
+        if not download:
+            raise DataError(f"{missing} and download is off: {how}, or set download: true")
+        fetch(root, functools.partial(MNIST, download=True), ["MNIST/raw"], missing, how)
+        unpacked = True
     if have_archives and not unpacked:
         root = _writable_mirror(root, "MNIST/raw", MNIST_ARCHIVES)
-    try:
-        train = MNIST(str(root), train=True, download=download or have_archives)
-        test = MNIST(str(root), train=False, download=download or have_archives)
-    except Exception as err:  # torchvision raises plain RuntimeError/URLError/OSError
+    try:  # `download` here only unpacks the archives that are there
+        train = MNIST(str(root), train=True, download=not unpacked)
+        test = MNIST(str(root), train=False, download=not unpacked)
+    except Exception as err:  # torchvision raises plain RuntimeError/OSError
         raise DataError(
-            f"could not load MNIST from {root / 'MNIST'}: {err}; check the files "
-            f"(or the network, to download), or point data_root / ${DATA_ENV} "
-            f"at a folder with MNIST/raw"
+            f"could not load MNIST from {root / 'MNIST'}: {reason(err)}; check the files, "
+            f"or point data_root / ${DATA_ENV} at a folder with MNIST/raw"
         ) from None
     return DataArrays(
         "mnist",
@@ -156,19 +168,22 @@ def load_cifar10(root: Path, download: bool, seed: int) -> DataArrays:
             (3, 32, 32),
             10,
         )
-    if not (batches or download):
-        raise DataError(
-            f"CIFAR-10 not found under {root} (neither cifar-10-batches-py/ nor "
-            f"cifar10.npz) and download is off: point data_root (or ${DATA_ENV}) "
-            f"at a folder that has it, or set download: true"
+    if not batches:
+        missing = f"CIFAR-10 not found under {root} (neither cifar-10-batches-py/ nor cifar10.npz)"
+        how = (
+            f"download {CIFAR10.url} and unpack it into that folder, or point data_root "
+            f"(or ${DATA_ENV}) at a folder that has it"
         )
+        if not download:
+            raise DataError(f"{missing} and download is off: {how}, or set download: true")
+        fetch(root, functools.partial(CIFAR10, download=True), [CIFAR10.base_folder], missing, how)
     try:
-        train = CIFAR10(str(root), train=True, download=download)
-        test = CIFAR10(str(root), train=False, download=download)
+        train = CIFAR10(str(root), train=True)
+        test = CIFAR10(str(root), train=False)
     except Exception as err:
         raise DataError(
-            f"could not load CIFAR-10 from {root}: {err}; check the files (or the "
-            f"network, to download), or point data_root / ${DATA_ENV} elsewhere"
+            f"could not load CIFAR-10 from {root}: {reason(err)}; check the files, or point "
+            f"data_root / ${DATA_ENV} elsewhere"
         ) from None
     return DataArrays(
         "cifar10",
@@ -241,9 +256,9 @@ def load_dataset(
     spec = dataset(name)
     if spec.folder:
         return spec.load(root / Path(data_folder).expanduser(), download, seed)
-    if spec.files and not root.is_dir() and not download:
-        raise DataError(
-            f"data root {root} does not exist: set data_root or ${DATA_ENV} to "
-            f"the folder that holds the data sets, or set download: true"
+    if spec.files and not root.is_dir() and not (download and root == default_root()):
+        raise DataError(  # a typing error in data_root must not become a new folder
+            f"data root {root} does not exist: set data_root or ${DATA_ENV} to the folder "
+            f"that holds the data sets, or make the folder for them to be downloaded into"
         )
     return spec.load(root, download, seed)

@@ -257,6 +257,13 @@ def partition(cfg: RunConfig, data: DataArrays) -> list[UserIndices]:
     """Split `data` among cfg.n_users users; the same seed gives the same split."""
     from perfed_ray.registry import PARTITIONERS
 
+    need = cfg.n_users * cfg.batch_size
+    if not data.users and need > len(data.y_train):  # said at once, before any per-user work
+        raise DataError(
+            f"{cfg.n_users} users of at least batch_size = {cfg.batch_size} training "
+            f"samples each need {need} samples; the {data.name} training set has "
+            f"{len(data.y_train)}: lower n_users or batch_size"
+        )
     rng = numpy_rng(cfg.seed, Stream.PARTITION)
     partitioner: Partitioner = PARTITIONERS.load(cfg.partition)
     split = partitioner(cfg, data, rng)

@@ -21,7 +21,7 @@ import pandas as pd
 from perfed_ray.analysis import format_summary, read_table, summary
 from perfed_ray.config import FIELDS
 from perfed_ray.errors import InputError
-from perfed_ray.paper import TABLE1, describe
+from perfed_ray.paper import ROW_KEYS, TABLE1, describe
 from perfed_ray.report.cells import (
     METHODS,
     NORMALIZED_HF,
@@ -37,7 +37,7 @@ from perfed_ray.report.curves import plot, run_curves
 PROTOCOL_SCALE = FIELDS["input_scale"].default
 
 SECTIONS = {
-    "main": "Table 1 (protocol as in PROTOCOL.md)",
+    "main": "Table 1 (protocol as in docs/PROTOCOL.md)",
     "leaking": "FedAvg adapted on TEST data (`adapt_on: test`): leaks test labels, "
     "the paper's FedAvg text; not comparable with the main table",
     "study": "Study: input scaling and HF's difference step",
@@ -53,17 +53,25 @@ LEGEND = (
 )
 
 
+def reproduces_table1(runs: pd.DataFrame) -> bool:
+    """Whether some run is on one of Table 1's rows (its data set, split, tau and alpha):
+    only then is the report Table 1's, its six rows shown whether run or not. A folder
+    of one's own runs gets a table of its own settings alone."""
+    rows = {tuple(r) for r in runs[list(ROW_KEYS)].itertuples(index=False)}
+    return bool(rows & set(TABLE1))
+
+
 def _section_rows(section: str, runs: pd.DataFrame) -> list[tuple]:
     """The table rows of a section: Table 1's six rows first for the main and leaking
-    sections (shown even when not run); in the study, each studied row on the protocol's
-    inputs first (see `_cell`), then on the other scales."""
+    sections of a Table 1 report (shown even when not run); in the study, each studied
+    row on the protocol's inputs first (see `_cell`), then on the other scales."""
     present = {
         tuple(r) for r in runs.loc[runs["section"] == section, TABLE_KEYS].itertuples(index=False)
     }
     if section == "study":
         present |= {(section, *r[1:5], PROTOCOL_SCALE) for r in present}
         return sorted(present, key=lambda r: (str(r[1:5]), r[5] != PROTOCOL_SCALE, r[5]))
-    if section in ("main", "leaking"):
+    if section in ("main", "leaking") and reproduces_table1(runs):
         fixed = [(section, *row, PROTOCOL_SCALE) for row in TABLE1]
         return fixed + sorted(present - set(fixed), key=str)
     return sorted(present, key=str)
@@ -80,10 +88,13 @@ def _cell(by_cell: dict[tuple, Cell], row: tuple, method: str) -> Cell:
 
 
 def _methods(section: str, runs: pd.DataFrame) -> list[str]:
-    if section == "main":
-        return [m for m in METHODS if m != NORMALIZED_HF]
-    if section == "leaking":
-        return ordered_methods({"fedavg", *runs.loc[runs["section"] == section, "method"]})
+    """A section's columns: the methods that ran in it, and in a Table 1 report the
+    paper's methods and exact Per-FedAvg (main) or FedAvg (leaking) whether run or not."""
+    ran = set(runs.loc[runs["section"] == section, "method"])
+    if section == "main" and reproduces_table1(runs):
+        return ordered_methods({*METHODS, *ran} - {NORMALIZED_HF})
+    if section == "leaking" and reproduces_table1(runs):
+        return ordered_methods({"fedavg", *ran})
     pick = runs["section"] == section
     if section == "study":
         pick |= runs["section"] == "main"
@@ -99,9 +110,11 @@ def _paper(section: str, row: tuple, method: str) -> float | None:
 
 
 def _slug(row: tuple) -> str:
+    """A row's file name: letters, digits, '.', '_' and '-' only, so it needs no quoting
+    in a shell or a URL (a section `other: fraction = 0.5` becomes `other-fraction-0.5`)."""
     section, dataset, partition, tau, alpha, scale = row
     name = f"{section}-{dataset}-{partition}-tau{tau}-alpha{alpha:g}-{scale}"
-    return re.sub(r"[^A-Za-z0-9.=-]+", "_", name).strip("_")
+    return re.sub(r"[^A-Za-z0-9._]+", "-", name).strip("-")
 
 
 def _label(row: tuple) -> str:
@@ -114,13 +127,18 @@ def _label(row: tuple) -> str:
 def table1_markdown(runs: pd.DataFrame) -> str:
     """Every section's table, Table 1's layout."""
     by_cell = cells(runs)
+    table1 = reproduces_table1(runs)
     sections = [
-        "main",
-        "leaking",
+        *(s for s in ("main", "leaking") if table1 or (runs["section"] == s).any()),
         *(s for s in ("study",) if (runs["section"] == s).any()),
         *sorted({s for s in runs["section"] if s.startswith("other")}),
     ]
-    lines = ["# Extended Table 1 (Fallah et al. 2020), reproduced", "", LEGEND, ""]
+    title = (
+        "Extended Table 1 (Fallah et al. 2020), reproduced"
+        if table1
+        else "Final personalised accuracy of the runs, by setting"
+    )
+    lines = [f"# {title}", "", LEGEND, ""]
     for section in sections:
         methods = _methods(section, runs)
         title = SECTIONS.get(
@@ -155,7 +173,7 @@ def groups_markdown(runs: pd.DataFrame) -> str:
         "# Accuracy by group of users (final model, %, mean over seeds)",
         "",
         "Group A: users holding classes 0-4 evenly; group B: users holding mostly one "
-        "class of 5-9 (PROTOCOL.md). Unweighted means over the users of the group, then "
+        "class of 5-9 (docs/PROTOCOL.md). Unweighted means over the users of the group, then "
         "over finished seeds.",
         "",
         "| section | row | method | seeds | A before | A after | B before | B after |",

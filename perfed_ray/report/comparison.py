@@ -189,7 +189,7 @@ def comparison_markdown(out: str | Path) -> str:
         "seeds. *Seen*: users sampled for training; *unseen*: the `unseen_users` share "
         "that never trained, personalised from what each method gives a newcomer. "
         "Steps: 0 = the method's personal model as is (the global one for FedAvg and "
-        "Per-FedAvg), 1 = PROTOCOL.md's one step, 5 = five steps of the method's own "
+        "Per-FedAvg), 1 = docs/PROTOCOL.md's one step, 5 = five steps of the method's own "
         "personalisation. Bold: the best mean of its column.",
         "",
     ]

@@ -39,6 +39,12 @@ def _mean_band(curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def band(mean: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The 95% band in percent, within [0, 100]: a t interval over few seeds can reach
+    past what an accuracy can be, and a band drawn there would claim it."""
+    return tuple((100 * (mean["accuracy"] + sign * mean["half"])).clip(0, 100) for sign in (-1, 1))
+
+
 def plot(curves_by_method: dict[str, pd.DataFrame], title: str, path: Path) -> None:
     """One PNG, two panels (against round, against seconds), a line per method."""
     import matplotlib
@@ -58,8 +64,7 @@ def plot(curves_by_method: dict[str, pd.DataFrame], title: str, path: Path) -> N
             )
             ax.fill_between(
                 mean[x],
-                100 * (mean["accuracy"] - mean["half"]),
-                100 * (mean["accuracy"] + mean["half"]),
+                *band(mean),
                 color=line.get_color(),
                 alpha=0.2,
                 linewidth=0,

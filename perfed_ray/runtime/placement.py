@@ -105,3 +105,33 @@ def group_share(specs: list[dict[str, float]]) -> Nodes:
     one node placement plans on, so a trial sizes its actors by what it reserved, not by
     the whole cluster."""
     return [{k: sum(b.get(k, 0.0) for b in specs[1:]) for k in ("CPU", "GPU")}]
+
+
+def _amount(resources: dict[str, float]) -> str:
+    return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
+
+
+def unfit(requests: list[dict[str, float]], nodes: Nodes, what: str = "actor") -> str | None:
+    """Why Ray could never start every one of `requests` (one per actor, all alive at
+    once) on `nodes`, in words naming what is asked and what there is; None if it can.
+    Ray itself would wait for ever: for an actor larger than every node, or for more
+    than the whole cluster holds."""
+    for key in ("CPU", "GPU"):
+        largest = max((node.get(key, 0.0) for node in nodes), default=0.0)
+        asked = max((r.get(key, 0.0) for r in requests), default=0.0)
+        if asked > largest + 1e-9:
+            return (
+                f"each {what} asks for {asked:g} {key}, but the largest node has {largest:g} "
+                f"{key} (the cluster: {len(nodes)} nodes, {_amount(_total(nodes))})"
+            )
+        total, have = sum(r.get(key, 0.0) for r in requests), _total(nodes)[key]
+        if total > have + 1e-9:
+            return (
+                f"{len(requests)} {what}s ask for {total:g} {key} together, but the cluster "
+                f"has {have:g} {key} ({len(nodes)} nodes, {_amount(_total(nodes))})"
+            )
+    return None
+
+
+def _total(nodes: Nodes) -> dict[str, float]:
+    return {k: sum(node.get(k, 0.0) for node in nodes) for k in ("CPU", "GPU")}

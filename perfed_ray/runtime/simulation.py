@@ -53,7 +53,14 @@ from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
 from perfed_ray.runtime.coordinator import Coordinator, Progress
 from perfed_ray.runtime.environment import components, plugin_modules
-from perfed_ray.runtime.placement import Placement, group_share, plan, with_resources
+from perfed_ray.runtime.placement import (
+    Placement,
+    bundles,
+    group_share,
+    plan,
+    unfit,
+    with_resources,
+)
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.server import Server
 
@@ -218,6 +225,20 @@ def start_ray(*configs: RunConfig) -> None:
         logging_level=logging.WARNING,
         runtime_env={"py_modules": modules} if modules else None,
     )
+
+
+def check_resources(cfg: RunConfig, blocks: list[range] | None = None) -> None:
+    """The actors of a new run (or of one resumed with its `blocks`) fit the connected
+    cluster, all alive at once; ConfigError naming what they ask and what there is,
+    where Ray would keep them waiting for ever."""
+    nodes = _nodes()
+    placement = plan(cfg, nodes) if blocks is None else with_resources(cfg, nodes, blocks)
+    why = unfit(bundles(placement), nodes)
+    if why:
+        raise ConfigError(
+            f"{why}: lower num_cpus_per_actor or num_gpus_per_actor (auto shares the "
+            f"cluster out), or run on a cluster that has them"
+        )
 
 
 def run(

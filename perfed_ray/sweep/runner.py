@@ -48,10 +48,11 @@ BEST = "best.yaml"  # the search's picks
 _PIN = 0.001  # of the driver node's `node:<ip>` resource, per trial: a place, not a share
 
 
-def create(sweep: Sweep, out: Path) -> Path:
-    """Check the results folder and the data, and record the sweep there: before Ray
-    starts, so bad input is one line and nothing else. Data roots are resolved here,
-    where the user set them (`$PERFED_DATA`), not on the nodes that run the trials."""
+def check(sweep: Sweep, out: Path) -> tuple[Path, Sweep]:
+    """Check the results folder and the data before Ray starts, so bad input is one line
+    and nothing else; the sweep's folder there, and the sweep with its data roots
+    resolved here, where the user set them (`$PERFED_DATA`), not on the nodes that run
+    the trials. :func:`run` records it once the cluster is known to hold its trials."""
     from perfed_ray.data import load_dataset, resolve_root
     from perfed_ray.data.datasets import dataset
 
@@ -72,11 +73,28 @@ def create(sweep: Sweep, out: Path) -> Path:
     for name, root, download, data_folder in sorted(needed):
         if root is not None:  # DataError, with the fix, if unusable
             load_dataset(name, root, download, 0, data_folder)
-    sweep = replace(sweep, trials=trials)
+    return folder, replace(sweep, trials=trials)
+
+
+def _record(folder: Path, sweep: Sweep) -> None:
+    """The sweep as given, what `--resume` continues."""
     folder.mkdir(parents=True)
     text = json.dumps(sweep.to_dict(), indent=1)
     write_atomically(folder / STATE, lambda tmp: tmp.write_text(text))
-    return folder
+
+
+def _fits(sweep: Sweep) -> None:
+    """Every trial's actors fit the cluster (else Tune waits for ever for its group)."""
+    from perfed_ray.runtime.placement import unfit
+
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    for i, trial in enumerate(sweep.trials):
+        why = unfit(sweep.resources.bundles(trial)[1:], nodes)
+        if why:
+            raise InputError(
+                f"trial {sweep.run_id(i)}: {why}: lower resources cpus or gpus (or "
+                f"num_cpus_per_actor, num_gpus_per_actor), or run on a cluster that has them"
+            )
 
 
 def locate(path: str | Path) -> Path:
@@ -205,16 +223,17 @@ def run(
     address: str | None = None,
     verbose: bool = False,
     command: str = "",
+    new: Sweep | None = None,
 ) -> Outcome:
-    """Run the sweep recorded in `folder`, or continue it where it stopped, on the Ray
-    cluster at `address` (default: $RAY_ADDRESS, else a local Ray). Returns how its
-    trials ended; the caller reports it."""
+    """Run `new` (checked by :func:`check`) in `folder`, or continue the sweep recorded
+    there where it stopped, on the Ray cluster at `address` (default: $RAY_ADDRESS,
+    else a local Ray). Returns how its trials ended; the caller reports it."""
     from perfed_ray.runtime import chatter, connect, simulation
     from perfed_ray.runtime.environment import plugin_modules
     from perfed_ray.sweep.trial import STOPS, Stops
 
     folder = folder.resolve()  # Tune takes absolute paths (else it reads them as URIs)
-    sweep = load(folder)
+    sweep = new or load(folder)
     out = folder.parent.parent
     cluster = connect.cluster_address(address)
     if cluster and cluster.startswith("ray://"):
@@ -230,6 +249,9 @@ def run(
     if cluster and not ray.is_initialized():
         connect.connect(cluster, sorted({m for t in sweep.trials for m in plugin_modules(t)}))
     simulation.start_ray(*sweep.trials)  # no-op once connected
+    _fits(sweep)
+    if new is not None:
+        _record(folder, new)
     stops = STOPS + sweep.name
     decisions = Stops.options(name=stops, get_if_exists=True).remote()
     main = threading.current_thread() is threading.main_thread()

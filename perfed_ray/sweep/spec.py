@@ -29,7 +29,6 @@ base, grid, sample, seed; trial i's run is ``<name>-<i:04d>``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import itertools
 import math
@@ -41,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from perfed_ray import config as configuration
+from perfed_ray import yamlfile
 from perfed_ray.config import CORE, RunConfig, base_type, flatten, legacy_keys
-from perfed_ray.errors import ConfigError
+from perfed_ray.errors import ConfigError, did_you_mean
 from perfed_ray.runtime.checkpoint import SAFE_ID
 from perfed_ray.runtime.placement import bundles, plan
 
@@ -60,6 +60,7 @@ SECTIONS = (
 )
 RANGES = ("uniform", "loguniform")
 METHODS = ("random", "quasi-random")
+MAX_TRIALS = 10_000  # each trial is validated here (about a millisecond) and run by Tune
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,10 @@ class _File:
         (dotted: checked with the trial's components), or an older name of one."""
         for key in values:
             if key not in CORE and "." not in str(key) and key not in legacy_keys():
-                close = difflib.get_close_matches(str(key), CORE, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.error(
-                    section, f"unknown configuration key {key!r}{hint}; see `perfed-ray keys`"
+                    section,
+                    f"unknown configuration key {key!r}{did_you_mean(key, CORE)}; see "
+                    f"`perfed-ray keys`",
                 )
 
     def number(self, section: str, key: str, value: Any, low: float, open_: bool = False) -> float:
@@ -189,11 +190,10 @@ def load(
     trial, `resources` (`key=value`) replace keys of its `resources:` section."""
     path = Path(path)
     file = _File(path)
-    doc = file.mapping("sweep file", configuration.read_yaml(path, "sweep file"))
+    doc = file.mapping("sweep file", yamlfile.read(path, "sweep file"))
     for section in doc:
         if section not in SECTIONS:
-            close = difflib.get_close_matches(str(section), SECTIONS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(section, SECTIONS)
             raise file.error(section, f"unknown section{hint}; sections: {', '.join(SECTIONS)}")
     name = str(doc.get("name", path.stem))
     if not SAFE_ID.fullmatch(name):
@@ -207,7 +207,38 @@ def load(
         None,
         file.integer("retries", "retries", doc.get("retries", 2), 0),
     )
+    _reserved(file, sweep)
     return dataclasses.replace(sweep, search=_search(file, doc.get("search"), sweep))
+
+
+def _reserved(file: _File, sweep: Sweep) -> None:
+    """Each trial's actor fits in what the trial reserves for all of its actors: else
+    the trial's placement group asks for more than `resources` says it reserves."""
+    reserve = {"CPU": sweep.resources.cpus, "GPU": sweep.resources.gpus}
+    for i, trial in enumerate(sweep.trials):
+        _, *actors = sweep.resources.bundles(trial)
+        for key, have in reserve.items():
+            asked = max((actor.get(key, 0.0) for actor in actors), default=0.0)
+            if asked > have:
+                name = key.lower() + "s"
+                raise file.error(
+                    f"trial {sweep.run_id(i)}",
+                    f"each actor asks for {asked:g} {key} (num_{name}_per_actor), more than "
+                    f"the trial reserves for all its actors (resources: {name} = {have:g}): "
+                    f"raise resources {name} (--resources {name}={asked:g}) or lower "
+                    f"num_{name}_per_actor",
+                )
+
+
+def _at_most(file: _File, section: str, what: str, trials: int) -> None:
+    """A sweep is expanded and checked trial by trial before Ray starts, and each trial
+    is a whole run with its actors: refuse at once a sweep larger than MAX_TRIALS."""
+    if trials > MAX_TRIALS:
+        raise file.error(
+            section,
+            f"{what} give {trials} trials; a sweep runs at most {MAX_TRIALS}: vary fewer "
+            f"values, or split it into several sweeps",
+        )
 
 
 def _bases(file: _File, base: Any) -> list[dict[str, Any]]:
@@ -239,6 +270,7 @@ def _grid(file: _File, grid: Any) -> list[dict[str, Any]]:
         for key, values in part.items():
             if not isinstance(values, list) or not values:
                 raise file.error("grid", f"{key} must be a non-empty list of values")
+        _at_most(file, "grid", "its values", math.prod(len(v) for v in part.values()))
         points += [
             dict(zip(part, combo, strict=True)) for combo in itertools.product(*part.values())
         ]
@@ -259,6 +291,7 @@ def _samples(file: _File, sample: Any) -> list[dict[str, Any]]:
                 "sample", f"unknown entry {key!r}; entries: {', '.join(sorted(known))}"
             )
     n = file.integer("sample", "samples", sample.get("samples"), 1)
+    _at_most(file, "sample", f"samples = {n}", n)
     method = sample.get("method", "random")
     if method not in METHODS:
         raise file.error("sample", f"method = {method!r} is not one of {', '.join(METHODS)}")
@@ -345,8 +378,10 @@ def _trials(file: _File, doc: dict[str, Any], overrides: dict[str, Any]) -> tupl
         if varied & set(fixed):
             key = sorted(varied & set(fixed))[0]
             raise file.error(section, f"{key} is varied by the sweep: it cannot be fixed too")
+    bases = _bases(file, doc.get("base"))
+    _at_most(file, "trials", "base, grid, sample and seeds", math.prod(map(len, [bases, *axes])))
     trials = []
-    for base, *points in itertools.product(_bases(file, doc.get("base")), *axes):
+    for base, *points in itertools.product(bases, *axes):
         values = {**base, **common, **{k: v for p in points for k, v in p.items()}, **overrides}
         try:
             trials.append(configuration.from_mapping(values))
