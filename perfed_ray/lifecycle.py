@@ -92,6 +92,7 @@ class RunLife:
         self.writer: RunWriter | None = None
         self.row: dict[str, Any] = {}
         self.unwritten: Exception | None = None  # why the final runs row could not be written
+        self.made_out = not self.out.exists()  # a run that never starts leaves no --out
 
     @property
     def resumed(self) -> bool:
@@ -246,6 +247,9 @@ class RunLife:
                 for empty in (folder, folder.parent):  # the run's, then the table's
                     if empty.is_dir() and not any(empty.iterdir()):
                         empty.rmdir()
+            for empty in (self.out / "checkpoints", self.out):
+                if self.made_out and empty.is_dir() and not any(empty.iterdir()):
+                    empty.rmdir()
 
     def __enter__(self) -> RunLife:
         return self

@@ -154,7 +154,7 @@ BAD_SWEEPS = [
     ({"grid": {"batch_size": []}}, "grid: batch_size must be a non-empty list of values"),
     (
         {"grid": {"batch_size": [0, 1]}},
-        "trial batch_size=0: batch_size = 0 is out of range: an integer >= 1",
+        "trial batch_size=0: batch_size = 0 is out of range: an integer in [1, 1000000]",
     ),
     (
         {"grid": {"batch_size": [2]}, "config": {"batch_size": 3}},
