@@ -198,12 +198,7 @@ def _run(
         connect.connect(cluster, plugin_modules(cfg))
     simulation.start_ray(prepared.cfg)  # before `announce`, which may set signal handlers
     if placement_group is None:  # a sweep's trial was sized by its reserved group
-        blocks = None
-        if life.resumed:
-            from perfed_ray.runtime.checkpoint import RunStore
-
-            blocks = RunStore(life.out, life.run_id).load_record().blocks
-        simulation.check_resources(prepared.cfg, blocks)
+        simulation.check_resources(prepared.cfg, life.record.blocks if life.resumed else None)
     if announce:
         announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
     if progress is True:

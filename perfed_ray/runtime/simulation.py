@@ -256,10 +256,10 @@ def run(
     started the run, for its runs row (default: this process's command line). The runs
     row says `finished` only if every round ran, and otherwise why it did not
     (:class:`~perfed_ray.lifecycle.RunLife`)."""
-    start_ray(prepared.cfg)
     if life is None:
         with RunLife.new(out, new_run_id(prepared.cfg.algorithm)) as life:
             return run(prepared, out, on_progress, group, command, life)
+    start_ray(prepared.cfg)
     cfg = prepared.cfg
     clock = time.perf_counter()
     model = initial_model(cfg, prepared.source([]))
@@ -306,7 +306,7 @@ def run(
         strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
         server = Server(cfg, template)
         deaths: Counter[tuple[int, int]] = Counter()  # per round and actor, as the pool's
-        rollbacks: list[dict] = []  # their events rows
+        rollbacks: list[tuple[int, dict]] = []  # (checkpoint round restored, events row)
         incarnations = None
         pool = coordinator = None
         try:
@@ -347,8 +347,13 @@ def run(
                     incarnations = [i + 1 for i in pool.incarnations]  # all restarted
                     checkpoint = life.store.load()
                     writer.resume(checkpoint.rows if checkpoint else {})
-                    rollbacks.append(lost.event(checkpoint.round if checkpoint else 0))
-                    writer.add("events", rollbacks)  # an earlier one's too, if cut again
+                    restored = checkpoint.round if checkpoint else 0
+                    # Roll-backs to this same checkpoint were recorded after it was saved,
+                    # so resuming the writer cut their rows: they are written again; rows
+                    # of roll-backs to an older checkpoint are in it and stay as they are.
+                    rollbacks = [(r, e) for r, e in rollbacks if r == restored]
+                    rollbacks.append((restored, lost.event(restored)))
+                    writer.add("events", [event for _, event in rollbacks])
             row.update(_peak_memory(pool))
         finally:
             if coordinator is not None:

@@ -38,7 +38,7 @@ import ray
 from ray import tune
 
 from perfed_ray.api import check_out
-from perfed_ray.errors import ConfigError, InputError
+from perfed_ray.errors import ConfigError, InputError, first_line
 from perfed_ray.results.writer import write_atomically
 from perfed_ray.sweep import ENDED, SWEEPS
 from perfed_ray.sweep.spec import Sweep
@@ -262,11 +262,7 @@ def run(
         if main:
             signal.signal(signal.SIGTERM, previous)
         ray.kill(decisions)
-    errors = {
-        r.config["trial"]["run_id"]: f"{type(r.error).__name__}: {r.error}".splitlines()[0]
-        for r in grid
-        if r.error is not None
-    }
+    errors = {r.config["trial"]["run_id"]: first_line(r.error) for r in grid if r.error is not None}
     return Outcome(statuses(out, sweep), errors)
 
 
