@@ -145,7 +145,7 @@ def simulate(
     `changes` keyword values, both applied on top. `address` joins a running Ray
     cluster (default: $RAY_ADDRESS, else a local Ray, started if none is running).
     `progress` shows the command line's progress line on stderr (True), nothing
-    (False), or is called with a :class:`~perfed_ray.runtime.coordinator.Progress`
+    (False), or is called with a :class:`~perfed_ray.runtime.rounds.Progress`
     after every round; `announce` is told the resolved configuration and run once Ray is up
     and before the run begins (so a SIGTERM handler it installs is not Ray's);
     `verbose` shows Ray's start-up chatter (:mod:`perfed_ray.runtime.chatter`).

@@ -17,7 +17,7 @@ class ProgressDisplay:
         self.tty = self.stream.isatty()
         self.last_printed: int | None = None
 
-    def __call__(self, p: Any) -> None:  # p: runtime.coordinator.Progress
+    def __call__(self, p: Any) -> None:  # p: runtime.rounds.Progress
         eta = (p.rounds - p.round) / max(p.rounds_per_second, 1e-9)
         acc = "-" if p.accuracy is None else f"{100 * p.accuracy:.2f}% (round {p.accuracy_round})"
         width = 20

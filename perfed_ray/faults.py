@@ -25,25 +25,38 @@ point                  where, and what ``n`` counts
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
 ENV = "PERFED_FAULT"
 
+# The driver's points while an actor method's calls are in flight (the pool's gather).
+IN_FLIGHT = {"train": "driver-round", "evaluate": "driver-eval"}
 
-def _armed() -> set[tuple[str, int]]:
+
+@functools.lru_cache(maxsize=8)
+def _armed(spec: str) -> frozenset[tuple[str, int]]:
     armed = set()
-    for spec in os.environ.get(ENV, "").split(","):
-        point, sep, n = spec.partition("@")
+    for one in spec.split(","):
+        point, sep, n = one.partition("@")
         if sep and n.isdigit():
             armed.add((point, int(n)))
-    return armed
+    return frozenset(armed)
 
 
 def crash_at(point: str, n: int) -> None:
     """SIGKILL this process if ``PERFED_FAULT`` names this point and key."""
-    if (point, n) in _armed():
+    spec = os.environ.get(ENV)
+    if spec and (point, n) in _armed(spec):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def in_flight(method: str, n: int) -> None:
+    """The driver's point for calls of an actor `method` sent in round `n` (if it has one)."""
+    point = IN_FLIGHT.get(method)
+    if point is not None:
+        crash_at(point, n)
 
 
 def actor_env() -> dict[str, dict[str, str]]:

@@ -78,7 +78,7 @@ def tiny_results(ray_session, tmp_path_factory):
     standardized inputs, and one run (DIVERGES) that diverges in round 2."""
     from perfed_ray.config import from_mapping
     from perfed_ray.runtime import simulation
-    from perfed_ray.runtime.coordinator import Diverged
+    from perfed_ray.runtime.rounds import Diverged
 
     out = tmp_path_factory.mktemp("tiny-results")
     configs = [

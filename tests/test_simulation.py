@@ -186,7 +186,7 @@ def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
 
 @pytest.mark.slow
 def test_divergence_stops_the_run_naming_round_and_users(ray_session, tmp_path):
-    from perfed_ray.runtime.coordinator import Diverged
+    from perfed_ray.runtime.rounds import Diverged
 
     with pytest.raises(Diverged, match=r"training diverged in round (\d+): NaN or infinite") as err:
         # A step size this large blows up in round 2 on this data and seed.

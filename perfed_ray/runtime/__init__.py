@@ -1,1 +1,1 @@
-"""Ray runtime: user actors, placement, the driver-side coordinator, one simulation."""
+"""Ray runtime: user actors, placement, the rounds and their transport, one simulation."""

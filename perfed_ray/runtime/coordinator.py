@@ -1,97 +1,44 @@
-"""The server of Algorithm 1, on the driver: sample, broadcast, gather, aggregate.
+"""The transport between the driver and the user actors: broadcast a model, fan calls
+out to the actors that host the users, gather and add up what comes back.
 
-The coordinator is the transport: it sees users only as ids hosted by actors and
-models only as flat weight vectors. Which users a round samples and evaluates is the
-strategy's decision, what a local update computes is the actors' business, how the
-aggregate becomes the next model is the server's (the algorithm's), and keeping the
-actors alive is the pool's.
+It sees users only as ids hosted by actors and models only as flat weight vectors. It
+does not decide who takes part (the strategy), what the server does with the sum
+(:class:`~perfed_ray.server.Server`), when rows and checkpoints are written
+(:class:`~perfed_ray.runtime.rounds.Rounds`), or how a dead actor is replaced (the
+pool): it is the one place the rounds touch Ray.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import ray
 
-from perfed_ray import faults
-from perfed_ray.config import RunConfig
-from perfed_ray.results.writer import RunWriter
-from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
 from perfed_ray.runtime.placement import host_finder
 from perfed_ray.runtime.pool import ActorPool
-from perfed_ray.server import Server
-from perfed_ray.strategy import Strategy
 
 
-class Diverged(RuntimeError):
-    """Local training produced NaN or infinite weights or losses."""
+@dataclass
+class Sums:
+    """A round's training results added up as they arrived: the driver holds one
+    model's worth of partial results however many users or actors there are."""
 
-    def __init__(self, round_: int, users: list[int]) -> None:
-        shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
-        super().__init__(
-            f"training diverged in round {round_}: NaN or infinite weights or "
-            f"losses from users {shown} (actors holding them); the global model "
-            f"of round {round_ - 1} is the last good one; lower beta or alpha"
-        )
-        self.round = round_
-        self.users = users
-
-
-class Stopped(Exception):
-    """Raised by a progress callback to end the run early on its runner's decision (a
-    sweep's scheduler stopping a trial that does poorly): the run is marked `stopped`,
-    not `interrupted`, so the runs table says why it ended."""
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What the coordinator reports after each round (to a callback, which may raise
-    :class:`Stopped` or KeyboardInterrupt to end the run there)."""
-
-    round: int
-    rounds: int
-    rounds_per_second: float
-    accuracy: float | None  # mean personalised accuracy at the last evaluation
-    accuracy_round: int | None
+    total: np.ndarray  # the weighted sum of the reporting users' new weights (float64)
+    weight: float = 0.0  # the sum of their weights
+    loss_sum: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
 
 
 class Coordinator:
-    """Runs the rounds of one simulation over a pool of user actors, from round 0 or
-    from a checkpoint, writing rows and checkpoints as it goes."""
+    """Calls on the pool's actors, each given the users it hosts."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        pool: ActorPool,
-        weights: np.ndarray,
-        strategy: Strategy,
-        server: Server,
-        writer: RunWriter,
-        store: RunStore,
-        on_progress: Callable[[Progress], None] | None = None,
-        resume_from: Checkpoint | None = None,
-        clock: float | None = None,
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, pool: ActorPool) -> None:
         self.pool = pool
-        self.strategy = strategy
-        self.server = server
         self.host_of = host_finder(pool.blocks)
-        self.writer = writer
-        self.store = store
-        self.on_progress = on_progress
-        self.weights = weights  # w_0, or the checkpoint's w_k when resuming
-        if resume_from is not None:  # the server optimiser's state of that round too
-            server.state = dict(resume_from.server)
-        self.rounds_done = resume_from.round if resume_from else 0
-        self.last_accuracy = resume_from.accuracy if resume_from else None
-        self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
-        self.resumed = resume_from is not None
-        self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
 
     def _by_actor(self, users: list[int]) -> dict[int, list[int]]:
         by_actor: dict[int, list[int]] = {}
@@ -99,128 +46,45 @@ class Coordinator:
             by_actor.setdefault(self.host_of(u), []).append(u)
         return by_actor
 
-    def run_round(self, round_: int) -> dict:
-        """One round k: w_{k+1} from the (weighted) mean of the reporting users'
-        w_{k+1,tau}.
-
-        Actors return the weighted sum of their users' weights; the sums are added as
-        they arrive, so the driver holds one model's worth of partial results
-        however many users or actors there are.
-        """
-        start = time.perf_counter()
-        users = self.strategy.sample(round_)
-        who = self.strategy.participation(round_, users)
-        for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
-            if gone:
-                self.writer.add(
-                    "events",
-                    [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
-                )
-        by_actor = self._by_actor(who.reporting)
-        trained = self.strategy.trained(round_, who.reporting)
-        ref = ray.put(self.weights)
-        if trained is who.reporting:
+    def train(
+        self, round_: int, weights: np.ndarray, reporting: list[int], trained: list[int]
+    ) -> Sums:
+        """Local training of round k from `weights` by the `trained` users; the sum counts
+        the `reporting` ones (the same list, unless every user trains each round)."""
+        by_actor = self._by_actor(reporting)
+        ref = ray.put(weights)
+        if trained is reporting:
             calls = {a: (ref, us, round_) for a, us in by_actor.items()}
         else:  # every user trains, the reporting ones are summed
             calls = {
                 a: (ref, us, round_, False, by_actor.get(a, []))
                 for a, us in self._by_actor(trained).items()
             }
-        parts = self.pool.gather(round_, "train", calls)
-        faults.crash_at("driver-round", round_)
-        total = np.zeros(self.weights.shape, dtype=np.float64)
-        loss_sum, weight, received, diverged = 0.0, 0.0, 0, []
-        for a, part in parts:
+        sums = Sums(
+            np.zeros(weights.shape, dtype=np.float64), bytes_sent=weights.nbytes * len(calls)
+        )
+        for a, part in self.pool.gather(round_, "train", calls):
             if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
-                diverged += by_actor[a]
-            total += part.total
-            weight += part.weight
-            loss_sum += part.loss_sum
-            received += part.total.nbytes
-        if diverged:
-            raise Diverged(round_, sorted(diverged))
-        n = len(who.reporting)
-        if n:
-            self.weights = self.server.next_model(self.weights, total, weight)
-        return {
-            "round": round_,
-            "users": users,
-            "n_sampled": len(users),
-            "n_reported": n,
-            "train_loss": loss_sum / n if n else float("nan"),
-            "wall_seconds": time.perf_counter() - start,
-            "bytes_sent": self.weights.nbytes * len(calls),
-            "bytes_received": received,
-        }
+                sums.diverged += by_actor[a]
+            sums.total += part.total
+            sums.weight += part.weight
+            sums.loss_sum += part.loss_sum
+            sums.bytes_received += part.total.nbytes
+        return sums
 
-    def evaluate(self, round_: int, final: bool) -> pa.Table:
-        """The strategy's users' personalised scores, each computed on the actor that
-        hosts the user, as the columns of the evals table."""
-        draws = self.cfg.final_eval_draws if final else 1
-        ref = ray.put(self.weights)
-        users = self._by_actor(self.strategy.evaluated(round_, final))
-        batches = self.pool.gather(
-            round_, "evaluate", {a: (ref, us, round_, draws) for a, us in users.items()}
-        )
-        faults.crash_at("driver-eval", round_)
-        scores = dict(batches)
-        table = pa.concat_tables([scores[a] for a in sorted(scores)])
-        n = table.num_rows
-        unseen = np.isin(table["user"].to_numpy(), np.asarray(self.strategy.unseen()))
-        table = table.append_column("round", pa.repeat(pa.scalar(round_, pa.int64()), n))
-        table = table.append_column("final", pa.repeat(pa.scalar(final), n))
-        table = table.append_column("unseen", pa.array(unseen))
-        self.last_accuracy = (round_, float(np.mean(table["acc_after"].to_numpy())))
-        return table
+    def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
+        """The users' personalised scores from `weights`, each computed on the actor that
+        hosts the user, in the order of the actors."""
+        ref = ray.put(weights)
+        calls = {a: (ref, us, round_, draws) for a, us in self._by_actor(users).items()}
+        scores = dict(self.pool.gather(round_, "evaluate", calls))
+        return pa.concat_tables([scores[a] for a in sorted(scores)])
 
-    def checkpoint(self, round_: int) -> None:
-        """Write the rows so far, then the state after round k that counts them: the
-        global model and every user's per-user state, fetched from the actors (for
-        methods that keep one: others cost no call)."""
-        self.writer.flush()
-        states = {}
-        if self.server.stateful:
-            actors = dict.fromkeys(range(len(self.pool.blocks)), ())
-            for _, part in self.pool.gather(round_, "user_states", actors):
-                states.update(part)
-        self.store.save(
-            Checkpoint(
-                round_,
-                self.weights,
-                dict(self.writer.rows),
-                self.wall_seconds(),
-                self.last_accuracy,
-                states,
-                dict(self.server.state),
-            )
-        )
-
-    def wall_seconds(self) -> float:
-        """Seconds spent on this run, over all sittings up to their last checkpoint."""
-        return self.earlier_seconds + time.perf_counter() - self.clock
-
-    def run(self) -> np.ndarray:
-        """The remaining rounds, with evaluations at round 0, every eval_every rounds and
-        at the end, and checkpoints at round 0, every checkpoint_every rounds and at the
-        end; rows are written at each evaluation and checkpoint."""
-        cfg = self.cfg
-        if not self.resumed:
-            self.writer.add("evals", self.evaluate(0, final=False))
-            self.checkpoint(0)
-        first, loop_start = self.rounds_done + 1, time.perf_counter()
-        for round_ in range(first, cfg.rounds + 1):
-            self.writer.add("rounds", [self.run_round(round_)])
-            self.rounds_done = round_
-            final = round_ == cfg.rounds
-            evaluated = final or round_ % cfg.eval_every == 0
-            if evaluated:
-                self.writer.add("evals", self.evaluate(round_, final))
-            if final or round_ % cfg.checkpoint_every == 0:
-                self.checkpoint(round_)
-            elif evaluated:
-                self.writer.flush()
-            if self.on_progress:
-                acc_round, acc = self.last_accuracy or (None, None)
-                rate = (round_ - first + 1) / max(time.perf_counter() - loop_start, 1e-9)
-                self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
-        return self.weights
+    def user_states(self, round_: int) -> dict:
+        """Every user's per-user state, fetched from the actors that keep it."""
+        states: dict = {}
+        for _, part in self.pool.gather(
+            round_, "user_states", dict.fromkeys(range(len(self.pool.blocks)), ())
+        ):
+            states.update(part)
+        return states

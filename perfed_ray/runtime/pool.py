@@ -24,6 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from perfed_ray import faults
 from perfed_ray.errors import first_line
 
 ActorFactory = Callable[[int, int], ray.actor.ActorHandle]  # (actor, incarnation) -> handle
@@ -113,6 +114,7 @@ class ActorPool:
         """Call ``method(*args[i])`` on every actor i now; the iterator yields (i, result)
         in the order results arrive, re-running a call whose actor died."""
         pending = {self._call(i, method, a): i for i, a in args.items()}
+        faults.in_flight(method, round_)
         return self._collect(round_, method, args, pending)
 
     def _call(self, i: int, method: str, args: tuple) -> ray.ObjectRef:

@@ -51,7 +51,7 @@ from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
-from perfed_ray.runtime.coordinator import Coordinator, Progress
+from perfed_ray.runtime.coordinator import Coordinator
 from perfed_ray.runtime.environment import components, plugin_modules
 from perfed_ray.runtime.placement import (
     Placement,
@@ -62,6 +62,7 @@ from perfed_ray.runtime.placement import (
     with_resources,
 )
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
+from perfed_ray.runtime.rounds import Progress, Rounds
 from perfed_ray.server import Server
 
 
@@ -308,7 +309,7 @@ def run(
         deaths: Counter[tuple[int, int]] = Counter()  # per round and actor, as the pool's
         rollbacks: list[tuple[int, dict]] = []  # (checkpoint round restored, events row)
         incarnations = None
-        pool = coordinator = None
+        pool = rounds = None
         try:
             while True:
                 pool = ActorPool(
@@ -322,9 +323,9 @@ def run(
                 weights = (
                     checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
                 )
-                coordinator = Coordinator(
+                rounds = Rounds(
                     cfg,
-                    pool,
+                    Coordinator(pool),
                     weights,
                     strategy,
                     server,
@@ -337,7 +338,7 @@ def run(
                 try:
                     pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
                     row.setdefault("startup_seconds", time.perf_counter() - clock)
-                    coordinator.run()
+                    rounds.run()
                     break
                 except StateLost as lost:
                     deaths[lost.round, lost.actor] += 1
@@ -356,10 +357,8 @@ def run(
                     writer.add("events", [event for _, event in rollbacks])
             row.update(_peak_memory(pool))
         finally:
-            if coordinator is not None:
-                row.update(
-                    wall_seconds=coordinator.wall_seconds(), rounds_done=coordinator.rounds_done
-                )
+            if rounds is not None:
+                row.update(wall_seconds=rounds.wall_seconds(), rounds_done=rounds.rounds_done)
             if pool is not None:
                 pool.stop()
     return life.run_id

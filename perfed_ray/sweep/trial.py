@@ -35,7 +35,7 @@ import ray
 from ray import tune
 
 from perfed_ray.lifecycle import status_of
-from perfed_ray.runtime.coordinator import Progress, Stopped
+from perfed_ray.runtime.rounds import Progress, Stopped
 from perfed_ray.sweep import ENDED
 
 STOPS = "perfed-ray-sweep-stops-"  # + the sweep's name: the actor, in its driver's namespace
