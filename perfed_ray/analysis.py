@@ -155,7 +155,8 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
 
 
 OUTCOME = {"rounds": ["round"], "evals": ["round", "user", "draw"], "events": ["round", "kind"]}
-MEASURED = ["wall_seconds", "run_id"]  # how long it took and the run's name: not results
+# How long it took and the run's name: not results.
+MEASURED = ["wall_seconds", "train_seconds", "actor_seconds", "server_seconds", "run_id"]
 
 
 def outcome(out: str | Path) -> dict[str, pd.DataFrame]:

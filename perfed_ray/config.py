@@ -216,6 +216,13 @@ class RunConfig:
         registry=True,
         auto=True,
     )
+    balance_rounds: bool | None = _opt(
+        None,
+        "spread each round's users evenly (by their local steps) over the actors, "
+        "whichever actor hosts them, so no actor waits for a busier one; auto: on for "
+        "methods that keep no per-user state (a state lives on its user's actor)",
+        auto=True,
+    )
     compile: bool | None = _opt(
         None,
         "torch.compile the fused engine's local step (about 10-20 s per actor the "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.models import FlatParams
@@ -24,14 +25,18 @@ class Server:
         # Whether users keep per-user state: checkpoints then fetch it, and a dead actor
         # means a roll-back rather than a replacement.
         self.stateful = self.algorithm.init_user_state(template) is not None
+        self.keeps_aggregate = type(self.algorithm).server_update is Algorithm.server_update
 
     def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:
         """w_{k+1} from w_k and the weighted sum of the reporting users' models."""
         aggregate = (total / weight_sum).astype(np.float32)
-        target = self.layout.flatten(
-            self.algorithm.server_update(
-                self.layout.unflatten(weights), self.layout.unflatten(aggregate)
+        if self.keeps_aggregate:  # Algorithm 1's: no trip through the parameter tree
+            target = aggregate
+        else:
+            target = self.layout.flatten(
+                self.algorithm.server_update(
+                    self.layout.unflatten(weights), self.layout.unflatten(aggregate)
+                )
             )
-        )
         new, self.state = self.optimizer.step(weights, target, self.state)
         return np.asarray(new, dtype=np.float32)

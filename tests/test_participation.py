@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import perfed_ray
+from perfed_ray.analysis import MEASURED
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.strategy import Strategy
 from tests.conftest import TINY
@@ -19,9 +20,7 @@ SPREAD = {**TINY, "n_users": 6, "fraction": 1 / 6, "rounds": 3, "eval_every": 3}
 
 
 def _tables(result) -> dict[str, pd.DataFrame]:
-    rounds = result.table("rounds").drop(
-        columns=["wall_seconds", "bytes_sent", "bytes_received", "run_id"]
-    )
+    rounds = result.table("rounds").drop(columns=[*MEASURED, "bytes_sent", "bytes_received"])
     evals = result.table("evals").sort_values(["round", "user", "draw"]).reset_index(drop=True)
     return {"rounds": rounds.drop(columns="trained_users"), "evals": evals[["acc_after"]]}
 

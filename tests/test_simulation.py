@@ -8,7 +8,10 @@ import pytest
 
 from perfed_ray.analysis import final_accuracy, read_table
 from perfed_ray.config import from_mapping
+from perfed_ray.errors import ConfigError
+from perfed_ray.models import build_model
 from perfed_ray.runtime import simulation
+from perfed_ray.runtime.placement import balanced
 
 EASY = {
     "dataset": "gaussian",
@@ -107,6 +110,59 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
     for acc in ("acc_before", "acc_after"):
         assert ((e1[acc] - e2[acc]).abs() * e1["n_test"] <= 1 + 1e-9).all()
     assert (r1["bytes_received"] > r2["bytes_received"]).all()  # sums, not one model per user
+
+
+def test_balanced_split_evens_the_work_of_a_round():
+    assert balanced([7, 3, 9, 1, 4, 0, 2, 8, 6, 5], 2) == {0: [0, 2, 4, 6, 8], 1: [1, 3, 5, 7, 9]}
+    assert balanced([5, 1], 4) == {0: [1], 1: [5]}  # idle actors get no call
+    # Longest first onto the least loaded (ties: the lower actor): 8 | 5 + 2 + 2 | 4 + 3,
+    # where dealing in turn would give 8 + 3 | 5 + 2 | 4 + 2.
+    work = {0: 8.0, 1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0, 5: 2.0}.__getitem__
+    assert balanced(list(range(6)), 3, work) == {0: [0], 1: [1, 4, 5], 2: [2, 3]}
+
+
+def test_rounds_are_balanced_unless_users_keep_state(ray_session):
+    model = build_model("mlp", (1, 28, 28), 10, seed=0)
+    resolved = simulation.resolve_execution(from_mapping({"algorithm": "fedavg"}), model, 2)
+    assert resolved.balance_rounds is True
+    resolved = simulation.resolve_execution(from_mapping({"algorithm": "ditto"}), model, 2)
+    assert resolved.balance_rounds is False  # its personal models live on their hosts
+    assert simulation.resolve_execution(from_mapping({}), model, 1).balance_rounds is False
+    with pytest.raises(ConfigError, match="ditto keeps per-user state"):
+        cfg = from_mapping({"algorithm": "ditto", "balance_rounds": True})
+        simulation.resolve_execution(cfg, model, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "values",
+    [{"algorithm": "perfedavg-hf"}, {"algorithm": "fedavg", "local_epochs": 2}],
+    ids=["hf-tau", "fedavg-epochs"],
+)
+def test_balanced_rounds_give_the_numbers_of_users_on_their_hosts(ray_session, tmp_path, values):
+    """Users' work moved to other actors (two actors, or one user per actor) computes
+    the same numbers as on the actors hosting them: each user's shard and batches are
+    functions of its id and the round, only the server's sum is taken in another order."""
+    common = {"rounds": 4, "eval_every": 2, "final_eval_draws": 2, "engine": "fused", **values}
+    _run(tmp_path / "hosts", balance_rounds=False, **common)
+    _run(tmp_path / "balanced", **common)  # auto: on, two actors
+    _run(tmp_path / "spread", users_per_actor=1, **common)
+    assert read_table(tmp_path / "balanced", "runs")["balance_rounds"].tolist() == [True]
+    assert read_table(tmp_path / "hosts", "runs")["balance_rounds"].tolist() == [False]
+    r1, e1 = _results(tmp_path / "hosts")
+    # A call per actor with users: a round's 3 users go 2 + 1 to the two actors, and one
+    # each to three of the six single-user actors.
+    model_bytes = read_table(tmp_path / "spread", "rounds")["bytes_sent"] / 3
+    sent = read_table(tmp_path / "balanced", "rounds")["bytes_sent"]
+    assert (sent == 2 * model_bytes).all()
+    for other in ("balanced", "spread"):
+        r2, e2 = _results(tmp_path / other)
+        assert r1["users"].map(list).tolist() == r2["users"].map(list).tolist()
+        pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=SUM_ORDER_RTOL)
+        losses = ["loss_before", "loss_after"]
+        pd.testing.assert_frame_equal(e1[losses], e2[losses], rtol=1e-4)
+        for acc in ("acc_before", "acc_after"):
+            assert ((e1[acc] - e2[acc]).abs() * e1["n_test"] <= 1 + 1e-9).all()
 
 
 # Every algorithm's engines are checked against the sequential one in test_engines.py; here

@@ -13,7 +13,9 @@ round (experiments/configs/table1/mnist-tau10-alpha0.01.yaml). Measured, per alg
   engine (what one actor does with its share of a round); `fused, all threads` the
   same on every core;
 - `ray <engine>`: perfed-ray itself on the local Ray with its default placement (one
-  actor per core here), rounds end to end (sampling, object store, aggregation);
+  actor per core here, each round's users balanced over them), rounds end to end
+  (sampling, object store, aggregation); `ray fused, users on their hosts` the same
+  with `balance_rounds: false`, each user trained by the actor hosting it;
 - `ray <engine>, one actor x N threads`: the same with `num_cpus_per_actor` = the
   machine's cores, so one actor hosts every user and its engine uses every core.
 
@@ -105,16 +107,12 @@ def in_process(
     return seconds[1:]
 
 
-def on_ray(
-    cfg, prepared, engine: str, compile_: bool, rounds: int, cpus_per_actor: float | None = None
-) -> list[float]:
-    """Seconds per round of a perfed-ray run (default placement, or actors of
-    `cpus_per_actor` CPUs); the first round is dropped."""
+def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int, **changes) -> list[float]:
+    """Seconds per round of a perfed-ray run (default placement and balancing, or as
+    `changes` to the configuration say); the first round is dropped."""
     from perfed_ray.analysis import read_table
 
-    run_cfg = cfg.replace(
-        engine=engine, compile=compile_, rounds=rounds + 1, num_cpus_per_actor=cpus_per_actor
-    )
+    run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1, **changes)
     with tempfile.TemporaryDirectory() as out:
         simulation.run(
             simulation.Prepared(run_cfg, prepared.data, prepared.users, prepared.scaling), out
@@ -208,6 +206,7 @@ def main() -> None:
             *[(f"{label(e, c)}, 1 thread", 1, e, c) for e, c in engines],
             ("fused, all threads", cores, "fused", False),
             *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
+            ("ray fused, users on their hosts", cores, "fused", False),
             *[
                 (f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
                 for e, c in engines
@@ -217,9 +216,13 @@ def main() -> None:
         for mode, threads, engine, compile_ in modes:
             if not mode.startswith("ray "):
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
+            elif mode.endswith("threads"):
+                seconds = on_ray(
+                    cfg, prepared, engine, compile_, args.rounds, num_cpus_per_actor=float(cores)
+                )
             else:
-                one_actor = float(cores) if mode.endswith("threads") else None
-                seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, one_actor)
+                hosts = {"balance_rounds": False} if mode.endswith("hosts") else {}
+                seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, **hosts)
             per_round = float(np.median(seconds))
             rate = steps / per_round
             rows.append(

@@ -83,6 +83,9 @@ ROUNDS_SCHEMA = pa.schema(
         ("n_reported", pa.int64()),  # sampled users whose update was averaged
         ("train_loss", pa.float64()),
         ("wall_seconds", pa.float64()),
+        ("train_seconds", pa.float64()),  # the training calls, out and back
+        ("actor_seconds", pa.float64()),  # the slowest actor's own time in its call
+        ("server_seconds", pa.float64()),  # the server's step after the sums came
         ("bytes_sent", pa.int64()),
         ("bytes_received", pa.int64()),
     ]

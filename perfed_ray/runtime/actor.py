@@ -8,6 +8,7 @@ actor's boundary; the maths is the :class:`~perfed_ray.learner.Learner`'s.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,7 @@ class UpdateSum:
     count: int
     loss_sum: float
     per_user: dict[int, np.ndarray] | None = None
+    seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
 
 
 def peak_memory_bytes() -> int:
@@ -82,7 +84,9 @@ class UserActor:
         self.flat = FlatParams(params_of(model))
         budget = None if cfg.shard_cache_mb is None else int(cfg.shard_cache_mb * 2**20)
         held_out = (lambda s: hold_out(s, cfg.validation, cfg.seed)) if cfg.validation else None
-        shards = ShardCache(source, users, self.device, data, budget, held_out)
+        # Balanced rounds send any user's work to any actor: its shard is made here too.
+        served = range(cfg.n_users) if cfg.balance_rounds else users
+        shards = ShardCache(source, served, self.device, data, budget, held_out)
         self.learner = Learner(cfg, model, shards, states, users)
         self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 
@@ -109,6 +113,7 @@ class UserActor:
         """Local updates of the given users from the global weights, weighted and summed
         over the `aggregated` ones (all of them unless given: with `trained_users: all`
         every user trains, its state moves on, and only the sampled ones are summed)."""
+        clock = time.perf_counter()
         if self.actor == 0:
             faults.crash_at("actor-always", round_)
             if self.incarnation == 0:
@@ -140,7 +145,9 @@ class UserActor:
             else None
         )
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
-        return UpdateSum(total, float(sum(weights_)), len(users), float(losses.double().sum()), per)
+        loss_sum = float(losses.double().sum())
+        seconds = time.perf_counter() - clock
+        return UpdateSum(total, float(sum(weights_)), len(users), loss_sum, per, seconds)
 
     def evaluate(self, weights: np.ndarray, users: list[int], round_: int, draws: int) -> pa.Table:
         """The given hosted users' personalised scores for the global weights, as columns."""

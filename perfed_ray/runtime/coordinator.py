@@ -10,13 +10,14 @@ pool): it is the one place the rounds touch Ray.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import ray
 
-from perfed_ray.runtime.placement import host_finder
+from perfed_ray.runtime.placement import balanced, host_finder
 from perfed_ray.runtime.pool import ActorPool
 
 
@@ -31,16 +32,26 @@ class Sums:
     bytes_sent: int = 0
     bytes_received: int = 0
     diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
+    actor_seconds: float = 0.0  # the slowest actor's own time: the round's work, not transport
+
+
+Work = Callable[[int], float]  # a user's share of a round's local work (its steps)
 
 
 class Coordinator:
-    """Calls on the pool's actors, each given the users it hosts."""
+    """Calls on the pool's actors, each given the users it hosts or, with `balance`
+    (for methods without per-user state, whose users any actor can serve from the
+    shared data), an even share of the round's users by their `work` (None: equal)."""
 
-    def __init__(self, pool: ActorPool) -> None:
+    def __init__(self, pool: ActorPool, balance: bool = False, work: Work | None = None) -> None:
         self.pool = pool
         self.host_of = host_finder(pool.blocks)
+        self.balance = balance
+        self.work = work
 
-    def _by_actor(self, users: list[int]) -> dict[int, list[int]]:
+    def _by_actor(self, users: list[int], work: Work | None = None) -> dict[int, list[int]]:
+        if self.balance:
+            return balanced(users, len(self.pool.blocks), work)
         by_actor: dict[int, list[int]] = {}
         for u in users:
             by_actor.setdefault(self.host_of(u), []).append(u)
@@ -51,14 +62,16 @@ class Coordinator:
     ) -> Sums:
         """Local training of round k from `weights` by the `trained` users; the sum counts
         the `reporting` ones (the same list, unless every user trains each round)."""
-        by_actor = self._by_actor(reporting)
         ref = ray.put(weights)
         if trained is reporting:
+            by_actor = self._by_actor(reporting, self.work)
             calls = {a: (ref, us, round_) for a, us in by_actor.items()}
         else:  # every user trains, the reporting ones are summed
+            by_actor = self._by_actor(trained, self.work)
+            summed = set(reporting)
             calls = {
-                a: (ref, us, round_, False, by_actor.get(a, []))
-                for a, us in self._by_actor(trained).items()
+                a: (ref, us, round_, False, [u for u in us if u in summed])
+                for a, us in by_actor.items()
             }
         sums = Sums(
             np.zeros(weights.shape, dtype=np.float64), bytes_sent=weights.nbytes * len(calls)
@@ -70,6 +83,7 @@ class Coordinator:
             sums.weight += part.weight
             sums.loss_sum += part.loss_sum
             sums.bytes_received += part.total.nbytes
+            sums.actor_seconds = max(sums.actor_seconds, part.seconds)
         return sums
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from perfed_ray.config import RunConfig
@@ -24,6 +25,23 @@ def host_finder(blocks: Sequence[range]):
     """user -> index of the actor hosting it, by bisection over the blocks' starts."""
     starts = [block.start for block in blocks]
     return lambda user: bisect.bisect_right(starts, user) - 1
+
+
+def balanced(
+    users: Sequence[int], n_actors: int, work: Callable[[int], float] | None = None
+) -> dict[int, list[int]]:
+    """A round's users spread over `n_actors` so that the busiest actor has as little
+    work as this greedy rule gives: the most work first, each to the least loaded actor
+    (ties: the lower actor), as in LPT scheduling; equal work (`work` None) deals them
+    out in turn. Each actor's users in id order; actors given none are left out."""
+    order = sorted(users, key=lambda u: (-work(u), u)) if work else sorted(users)
+    loads = [(0.0, a) for a in range(n_actors)]
+    split: dict[int, list[int]] = {}
+    for u in order:
+        load, a = heapq.heappop(loads)
+        split.setdefault(a, []).append(u)
+        heapq.heappush(loads, (load + (work(u) if work else 1.0), a))
+    return {a: sorted(us) for a, us in sorted(split.items())}
 
 
 def _fits(available: float, each: float) -> int:

@@ -104,10 +104,12 @@ class Rounds:
                     [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
                 )
         trained = self.strategy.trained(round_, who.reporting)
+        sent = time.perf_counter()
         sums = self.coordinator.train(round_, self.weights, who.reporting, trained)
         if sums.diverged:
             raise Diverged(round_, sorted(sums.diverged))
         n = len(who.reporting)
+        gathered = time.perf_counter()
         if n:
             self.weights = self.server.next_model(self.weights, sums.total, sums.weight)
         return {
@@ -117,6 +119,11 @@ class Rounds:
             "n_reported": n,
             "train_loss": sums.loss_sum / n if n else float("nan"),
             "wall_seconds": time.perf_counter() - start,
+            # Where the round's time went: out to the actors and back (the slowest
+            # actor's own share of it: its work), then the server's step.
+            "train_seconds": gathered - sent,
+            "actor_seconds": sums.actor_seconds,
+            "server_seconds": time.perf_counter() - gathered,
             "bytes_sent": sums.bytes_sent,
             "bytes_received": sums.bytes_received,
         }

@@ -47,7 +47,7 @@ from perfed_ray.engines import default_engine
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
-from perfed_ray.registry import STRATEGIES
+from perfed_ray.registry import ALGORITHMS, STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
@@ -128,15 +128,34 @@ COMPILE_FROM = 200_000  # user-steps per actor from which compiling (10-20 s) pa
 
 
 def resolve_execution(cfg: RunConfig, model: torch.nn.Module, n_actors: int) -> RunConfig:
-    """`engine: auto` and `compile: auto` made concrete, so the stored configuration
-    says how the run was executed: fused where the model allows it, and compiled when
-    each actor has enough work for compilation to pay for itself."""
+    """`engine`, `compile` and `balance_rounds` made concrete, so the stored
+    configuration says how the run was executed: fused where the model allows it,
+    compiled when each actor has enough work for compilation to pay for itself, and
+    rounds balanced over the actors unless users keep per-user state (which lives on
+    the actor hosting them)."""
     engine = cfg.engine or default_engine(model)
     compile_ = cfg.compile
     if compile_ is None:
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
         compile_ = engine == "fused" and work >= COMPILE_FROM
-    return cfg.replace(engine=engine, compile=compile_)
+    stateful = ALGORITHMS.load(cfg.algorithm)(cfg).init_user_state(params_of(model)) is not None
+    if stateful and cfg.balance_rounds:
+        raise ConfigError(
+            f"balance_rounds: {cfg.algorithm} keeps per-user state on the actor hosting "
+            f"each user, so its users cannot move between actors; leave balance_rounds auto"
+        )
+    balance = (not stateful and n_actors > 1) if cfg.balance_rounds is None else cfg.balance_rounds
+    return cfg.replace(engine=engine, compile=compile_, balance_rounds=balance)
+
+
+def round_work(prepared: Prepared) -> Callable[[int], float] | None:
+    """A user's local steps in a round, as balanced rounds weigh it: the same for every
+    user (None) with `tau` steps, its batches per epoch with `local_epochs`."""
+    cfg = prepared.cfg
+    if cfg.local_epochs is None:
+        return None
+    batches = np.ceil(prepared.train_sizes() / cfg.batch_size)
+    return lambda user: float(batches[user])
 
 
 def actor_factory(
@@ -172,7 +191,7 @@ def actor_factory(
         ).remote(
             cfg,
             block,
-            prepared.source(block),
+            prepared.source(range(cfg.n_users) if cfg.balance_rounds else block),
             data_ref,
             placement.num_cpus,
             placement.num_gpus,
@@ -325,7 +344,7 @@ def run(
                 )
                 rounds = Rounds(
                     cfg,
-                    Coordinator(pool),
+                    Coordinator(pool, bool(cfg.balance_rounds), round_work(prepared)),
                     weights,
                     strategy,
                     server,
