@@ -46,10 +46,11 @@ def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
     return path
 
 
-def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame]:
+def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Series]:
     """Seconds from `perfed-ray run` to its exit, in a fresh process (Python, Ray and the
-    data started and stopped inside, evaluations and checkpoints included), and the
-    run's rounds table (each round's `wall_seconds`)."""
+    data started and stopped inside, evaluations and checkpoints included), the run's
+    rounds table (each round's `wall_seconds`) and its runs row (`startup_seconds`, and
+    `wall_seconds` from Ray up to the last checkpoint)."""
     from perfed_ray.analysis import read_table
 
     with tempfile.TemporaryDirectory() as out:
@@ -70,4 +71,5 @@ def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame]:
             stdout=subprocess.DEVNULL,
         )
         seconds = time.perf_counter() - start
-        return seconds, read_table(out, "rounds").sort_values("round")
+        rounds = read_table(out, "rounds").sort_values("round")
+        return seconds, rounds, read_table(out, "runs").iloc[0]

@@ -28,7 +28,10 @@ reads MNIST and splits it), and perfed-ray's evaluations and checkpoints.
 
 The runs alternate, perfed-ray then Flower, `--pairs` times (ABAB), so that a busy
 machine slows both alike. Prints per pair and tool the median and mean seconds per
-round and the whole run's seconds, with Flower's / perfed-ray's ratios; writes
+round and the whole run's seconds, with Flower's / perfed-ray's ratios; records too
+where perfed-ray's whole run went (its runs row: `actors_start_seconds`, and
+`run_seconds` from Ray up to the last checkpoint) and each side's last training loss
+(a check that both trained alike); writes
 OUT/flower.parquet (default experiments/bench/results) and, for the default OUT,
 refreshes BENCHMARKS.md.
 """
@@ -81,11 +84,14 @@ def export_users(cfg: RunConfig, path: Path) -> None:
 
 
 def perfed_ray_run(sets: list[str]) -> dict:
-    seconds, rounds = timed_run(MNIST, sets)
+    """One `perfed-ray run`, and where its whole run's seconds went."""
+    seconds, rounds, run = timed_run(MNIST, sets)
     return {
         "whole_seconds": seconds,
         "round_seconds": rounds["wall_seconds"].tolist(),
         "final_train_loss": float(rounds["train_loss"].iloc[-1]),
+        "actors_start_seconds": float(run["startup_seconds"]),
+        "run_seconds": float(run["wall_seconds"]),
     }
 
 

@@ -287,6 +287,43 @@ def flower_section() -> list[str]:
         "Flower's seconds over perfed-ray's, per pair:",
         "",
         _markdown(flower_ratios(frame).reset_index()),
+        "",
+        *flower_notes(frame),
+    ]
+
+
+def flower_notes(frame: pd.DataFrame) -> list[str]:
+    """What the Flower comparison says, every number read from it."""
+    tool = dict(tuple(frame.groupby("tool")))
+    flower, ours = tool["flower"], tool["perfed-ray"]
+    median = flower["round_seconds_median"]
+    rounds = ours["round_seconds_mean"] * ours["rounds"]
+    outside = ours["whole_seconds"] - ours["run_seconds"]
+    rest = ours["run_seconds"] - ours["actors_start_seconds"] - rounds
+    whole_goal = flower["whole_seconds"].median() / 3
+    return [
+        f"- Flower's median round is {median.min():.3f}-{median.max():.3f} s in every pair: "
+        "its simulation engine polls for messages every 0.1 s twice in "
+        "a round (the in-memory grid's `pull_interval` and the engine's queue wait, flwr "
+        "1.42), so a round takes about 0.2 s however little arithmetic it holds. Ten "
+        f"times Flower per round asks perfed-ray for {median.median() / 10:.3f} s a round; "
+        f"it took {ours['round_seconds_median'].min():.3f}-"
+        f"{ours['round_seconds_median'].max():.3f} s (median of each run).",
+        f"- perfed-ray's whole runs took {ours['whole_seconds'].min():.1f}-"
+        f"{ours['whole_seconds'].max():.1f} s: outside the run (Python, reading and "
+        f"splitting MNIST, Ray's start and stop) {outside.min():.1f}-{outside.max():.1f} s, "
+        f"the actors' start {ours['actors_start_seconds'].min():.1f}-"
+        f"{ours['actors_start_seconds'].max():.1f} s, the rounds {rounds.min():.1f}-"
+        f"{rounds.max():.1f} s, and the rest, mostly its six evaluations of all users and "
+        f"their checkpoints, {rest.min():.1f}-{rest.max():.1f} s. Flower's took "
+        f"{flower['whole_seconds'].min():.1f}-{flower['whole_seconds'].max():.1f} s, its "
+        f"first round {flower['first_round_seconds'].min():.1f}-"
+        f"{flower['first_round_seconds'].max():.1f} s of it (its actors' first call). Three "
+        f"times Flower's whole run asks perfed-ray for {whole_goal:.1f} s.",
+        "- Both sides do the same training: the last round's mean training loss is "
+        f"{ours['final_train_loss'].min():.3f}-{ours['final_train_loss'].max():.3f} on "
+        f"perfed-ray (seeded) and {flower['final_train_loss'].min():.3f}-"
+        f"{flower['final_train_loss'].max():.3f} on Flower (its sampling is not seeded).",
     ]
 
 

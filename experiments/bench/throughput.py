@@ -121,7 +121,7 @@ def on_ray(
 
 def timed_cli(sets: list[str]) -> dict[str, float]:
     """Seconds from `perfed-ray run` to its summary, and the seconds its rounds took."""
-    seconds, rounds = timed_run(MNIST, sets)
+    seconds, rounds, _ = timed_run(MNIST, sets)
     return {"seconds": seconds, "rounds_seconds": float(rounds["wall_seconds"].sum())}
 
 
