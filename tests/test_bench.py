@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,3 +49,34 @@ def test_the_side_by_side_script_compares_two_checkouts(tmp_path):
     rows = pd.read_parquet(tmp_path / "versus.parquet")
     assert set(rows["checkout"]) == {"baseline", "this"} and (rows["speed"] > 0).all()
     assert "ratio" in done.stdout
+
+
+@pytest.mark.slow
+def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
+    """Its smoke test: 2 rounds of 10 users on each side, where Flower's own interpreter
+    is installed (never in perfed-ray's environment: CI has none, and skips)."""
+    sys.path.insert(0, str(BENCH))
+    from flower import flower_python
+
+    python = flower_python()
+    if python is None or not python.exists():
+        pytest.skip(
+            "no Flower interpreter: set $PERFED_FLOWER_PYTHON or make /work/flower-env "
+            "(experiments/bench/flower.py's docstring says how)"
+        )
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "flower.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / "flower.parquet").set_index("tool")
+    assert set(rows.index) == {"perfed-ray", "flower"}
+    assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == 2).all()
+    assert (rows["round_seconds_median"] > 0).all() and (rows["whole_seconds"] > 0).all()
+    # Both sides trained the same model on the same data: MNIST's 10 classes start near
+    # ln 10 = 2.30 and two rounds of small steps leave both there, not diverged.
+    assert np.allclose(rows["final_train_loss"], 2.3, atol=0.3)
+    assert rows.loc["flower", "flwr"]
+    assert "per_round" in done.stdout and "whole_run" in done.stdout

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +17,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+MNIST = HERE.parents[1] / "experiments" / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
 
 
 def machine() -> dict[str, object]:
@@ -39,3 +44,32 @@ def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
     path = out / f"{name}.parquet"
     pd.DataFrame([{**machine(), **row} for row in rows]).to_parquet(path, index=False)
     return path
+
+
+def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Series]:
+    """Seconds from `perfed-ray run` to its exit, in a fresh process (Python, Ray and the
+    data started and stopped inside, evaluations and checkpoints included), the run's
+    rounds table (each round's `wall_seconds`) and its runs row (`startup_seconds`, and
+    `wall_seconds` from Ray up to the last checkpoint)."""
+    from perfed_ray.analysis import read_table
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "perfed_ray.cli",
+                "run",
+                str(config),
+                *[a for s in sets for a in ("--set", s)],
+                "--out",
+                out,
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        seconds = time.perf_counter() - start
+        rounds = read_table(out, "rounds").sort_values("round")
+        return seconds, rounds, read_table(out, "runs").iloc[0]

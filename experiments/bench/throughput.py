@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from common import RESULTS, save
+from common import MNIST, RESULTS, save, timed_run
 from report import write_report
 
 from perfed_ray.config import load
@@ -55,8 +53,6 @@ from perfed_ray.models import FlatParams, params_of
 from perfed_ray.runtime import simulation
 from perfed_ray.strategy import Strategy
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "experiments" / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
 ALGORITHMS = ["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg"]
 GRADIENTS = {"fedavg": 1, "perfedavg-fo": 2, "perfedavg-hf": 4, "perfedavg": 4}
 ENGINES = [("vmap", False), ("fused", False), ("fused", True)]
@@ -122,38 +118,15 @@ def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int, **changes) -
 
 
 def timed_cli(sets: list[str]) -> dict[str, float]:
-    """Seconds from `perfed-ray run` to its summary, in a fresh process (Ray started and
-    stopped inside), and the seconds its rounds took (from its `rounds` table)."""
-    from perfed_ray.analysis import read_table
-
-    with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "perfed_ray.cli",
-                "run",
-                str(CONFIG),
-                *[a for s in sets for a in ("--set", s)],
-                "--out",
-                out,
-                "--quiet",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        seconds = time.perf_counter() - start
-        return {
-            "seconds": seconds,
-            "rounds_seconds": float(read_table(out, "rounds")["wall_seconds"].sum()),
-        }
+    """Seconds from `perfed-ray run` to its summary, and the seconds its rounds took."""
+    seconds, rounds, _ = timed_run(MNIST, sets)
+    return {"seconds": seconds, "rounds_seconds": float(rounds["wall_seconds"].sum())}
 
 
 def plain_loop_run(rounds: int) -> float:
     """Seconds of the single-thread loop's whole run: data, partition and `rounds` rounds."""
     start = time.perf_counter()
-    prepared = simulation.prepare(load(CONFIG, [f"rounds={rounds}"]))
+    prepared = simulation.prepare(load(MNIST, [f"rounds={rounds}"]))
     in_process(prepared.cfg, prepared, "sequential", False, 1, rounds - 1)
     return time.perf_counter() - start
 
@@ -195,7 +168,7 @@ def main() -> None:
         flush=True,
     )
     for algorithm in args.algorithms:
-        prepared = simulation.prepare(load(CONFIG, [*sets, f"algorithm={algorithm}"]))
+        prepared = simulation.prepare(load(MNIST, [*sets, f"algorithm={algorithm}"]))
         cfg = prepared.cfg
         steps = cfg.users_per_round * cfg.tau
         model = simulation.initial_model(cfg, prepared.source([]))
