@@ -76,7 +76,7 @@ def test_the_cache_is_written_then_reused_without_measuring_again(quick, tmp_pat
     path.write_text(json.dumps(entries))
     assert choose(cfg, model, WORK, path) == other
     assert json.loads(path.read_text()) == entries
-    # Another workload (more threads, another algorithm) is measured on its own.
+    # Another workload (another algorithm) is measured on its own.
     choose(cfg.replace(algorithm="fedavg"), model, WORK, path)
     assert len(json.loads(path.read_text())) == 2
 
@@ -150,3 +150,20 @@ def test_the_resolved_engine_is_recorded_and_a_resumed_run_keeps_it(
     ]
     assert len(rounds[0]) == 5
     assert rounds[0]["train_loss"].tolist() == rounds[1]["train_loss"].tolist()
+
+
+@pytest.mark.slow
+def test_the_choice_for_gpu_actors_runs_in_a_ray_task(ray_session, tmp_path):
+    """What a task holding an actor's GPU share runs (here on CPU: no GPU is lent to
+    the tests), its cache where the task runs."""
+    from perfed_ray.runtime.simulation import _choose_on_gpu
+
+    cfg, model = _cnn()
+    cache = tmp_path / "engines.json"
+    task = ray_session.remote(_choose_on_gpu).options(
+        num_cpus=1, runtime_env={"env_vars": {auto.CACHE_ENV: str(cache)}}
+    )
+    engine = ray_session.get(task.remote(cfg, model, WORK, {}))
+    assert engine in candidates(model)
+    [entry] = json.loads(cache.read_text()).values()
+    assert entry["engine"] == engine and entry["workload"]["device"] == auto._cpu()

@@ -106,10 +106,16 @@ def in_process(
 
 
 def on_ray(
-    cfg, prepared, engine: str, compile_: bool, rounds: int, cpus_per_actor: float | None = None
-) -> list[float]:
+    cfg,
+    prepared,
+    engine: str | None,
+    compile_: bool,
+    rounds: int,
+    cpus_per_actor: float | None = None,
+) -> tuple[list[float], str]:
     """Seconds per round of a perfed-ray run (default placement, or actors of
-    `cpus_per_actor` CPUs); the first round is dropped."""
+    `cpus_per_actor` CPUs), the first round dropped, and the engine it ran (`engine`,
+    or what None, auto, resolved to)."""
     from perfed_ray.analysis import read_table
 
     run_cfg = cfg.replace(
@@ -119,8 +125,8 @@ def on_ray(
         simulation.run(
             simulation.Prepared(run_cfg, prepared.data, prepared.users, prepared.scaling), out
         )
-        table = read_table(out, "rounds")
-    return table.sort_values("round")["wall_seconds"].tolist()[1:]
+        table, runs = read_table(out, "rounds"), read_table(out, "runs")
+    return table.sort_values("round")["wall_seconds"].tolist()[1:], runs["engine"].iloc[0]
 
 
 def timed_cli(sets: list[str]) -> dict[str, float]:
@@ -219,7 +225,7 @@ def main() -> None:
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
             else:
                 one_actor = float(cores) if mode.endswith("threads") else None
-                seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, one_actor)
+                seconds, _ = on_ray(cfg, prepared, engine, compile_, args.rounds, one_actor)
             per_round = float(np.median(seconds))
             rate = steps / per_round
             rows.append(

@@ -54,6 +54,11 @@ def cache_file() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache/perfed-ray/engines.json")
 
 
+def known(model: nn.Module) -> str | None:
+    """The engine known best without a measurement: fused for a linear chain."""
+    return "fused" if chain_of(model) is not None else None
+
+
 def candidates(model: nn.Module) -> list[str]:
     """The engines timed for a model that is no linear chain, the reference first."""
     return ["sequential", "vmap", *(["grouped"] if grouped_chain(model) else [])]
@@ -180,8 +185,8 @@ def _write(path: Path, entries: dict) -> None:
 def choose(cfg: RunConfig, model: nn.Module, work: Workload, path: Path | None = None) -> str:
     """The engine `auto` stands for: fused for a linear chain, else the cached choice
     for this workload, else the fastest measured now (and cached)."""
-    if chain_of(model) is not None:
-        return "fused"
+    if known(model):
+        return known(model)
     path = path or cache_file()
     key, described = work.key(cfg, model)
     cached = _read(path).get(key)

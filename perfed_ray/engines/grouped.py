@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.func import grad, grad_and_value, jvp
+from torch.func import grad, grad_and_value
 
 from perfed_ray.algorithms.base import Batch
-from perfed_ray.algorithms.tree import Params, Scalar, axpy, sub
+from perfed_ray.algorithms.tree import Params
+from perfed_ray.engines.functional import Curvature
 from perfed_ray.engines.fused import Fused
 from perfed_ray.engines.stacked import PerUser
 
@@ -50,7 +51,7 @@ def grouped_chain(model: nn.Module) -> tuple[tuple[int, ...], Chain] | None:
     return (tuple(shape), chain) if not image else None
 
 
-class GroupedOps(PerUser):
+class GroupedOps(PerUser, Curvature):
     """:class:`~perfed_ray.algorithms.base.ModelOps` for users stacked along axis 0."""
 
     def __init__(self, input_shape: tuple[int, ...], chain: Chain) -> None:
@@ -103,14 +104,6 @@ class GroupedOps(PerUser):
 
     def grad(self, params: Params, batch: Batch) -> Params:
         return grad(self._total, has_aux=True)(params, *batch)[0]
-
-    def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
-        return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
-
-    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
-        plus = self.grad(axpy(params, v, step), batch)
-        minus = self.grad(axpy(params, v, -step), batch)
-        return sub(plus, minus)
 
 
 class Grouped(Fused):

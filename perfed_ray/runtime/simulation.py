@@ -44,7 +44,7 @@ from perfed_ray.data import (
 )
 from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.data.synthetic import train_size
-from perfed_ray.engines.auto import Workload, choose
+from perfed_ray.engines.auto import Workload, choose, known
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
@@ -137,10 +137,11 @@ def resolve_execution(
     """`engine: auto` and `compile: auto` made concrete, once, before any actor starts,
     so the stored configuration says how the run was executed and a resumed run and
     every actor (a replacement one too) use the same engine: engines differ in their
-    order of summation, and exact resumption needs the same one. The engine is the
-    fastest measured for this workload on the actors' device (:mod:`perfed_ray.engines.auto`);
-    compiled when each actor has enough work for compilation to pay for itself."""
-    engine = cfg.engine or _auto_engine(cfg, model, placement, source, group)
+    order of summation, and exact resumption needs the same one. The engine is fused
+    for the MLP, else the fastest measured for this workload on the actors' device
+    (:mod:`perfed_ray.engines.auto`); compiled when each actor has enough work for
+    compilation to pay for itself."""
+    engine = cfg.engine or known(model) or _auto_engine(cfg, model, placement, source, group)
     compile_ = cfg.compile
     if compile_ is None:
         work = cfg.rounds * cfg.users_per_round * cfg.tau / len(placement.blocks)
