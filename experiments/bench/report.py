@@ -268,6 +268,8 @@ def convolutions_section() -> list[str]:
         "",
         _markdown(table),
         "",
+        "Figures from one invocation on a shared 2-core machine; where auto ran the "
+        "sequential engine, its row and the loop's differ only by noise. "
         "What auto measured for one process on one thread (one local step of up to four "
         "users, best of its turns): "
         + "; ".join(measured)
@@ -323,18 +325,21 @@ def targets() -> list[str]:
     path = RESULTS / "convolutions.parquet"
     if path.exists():
         cv = pd.read_parquet(path).set_index(["model", "algorithm", "mode"])
-        rate = cv["user_steps_per_second"]
-        for where, loop, chosen in (
-            ("1 thread", "loop, 1 thread", "auto, 1 thread"),
-            ("Ray", "ray loop", "ray auto"),
-        ):
-            ratio = min(rate[m, a, chosen] / rate[m, a, loop] for m, a, _ in cv.index if _ == loop)
+        pairs = (("1 thread", "loop, 1 thread", "auto, 1 thread"), ("Ray", "ray loop", "ray auto"))
+        for where, loop, chosen in pairs:
+            cases = [(m, a) for m, a, mode in cv.index if mode == loop]
+            ratio = min(
+                cv.loc[(m, a, chosen), "user_steps_per_second"]
+                / cv.loc[(m, a, loop), "user_steps_per_second"]
+                for m, a in cases
+            )
+            same = all(cv.loc[(m, a, chosen), "engine"] == "sequential" for m, a in cases)
             rows.append(
                 (
-                    f"CIFAR-10 CNNs on CPU ({where}), engine auto >= the per-user loop "
-                    "(worst case; 0.95 and up: within this machine's noise)",
-                    f"{ratio:.2f}x",
-                    ratio >= 0.95,
+                    f"CIFAR-10 CNNs on CPU ({where}), engine auto >= the per-user loop",
+                    f"{ratio:.2f}x at worst"
+                    + (" (auto ran the loop's engine: the gap is noise)" if same else ""),
+                    same or ratio >= 1,
                 )
             )
     path = RESULTS / "scale.parquet"
