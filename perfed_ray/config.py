@@ -211,8 +211,10 @@ class RunConfig:
         None,
         "how an actor runs its users' local work: sequential (one after another), "
         "vmap (torch.func.vmap, any model), fused (stacked parameters and batched matrix "
-        "products, for models that declare fused_layers()); auto: fused where the model "
-        "allows, else vmap",
+        "products, for models that declare fused_layers()), grouped (users as groups of "
+        "grouped convolutions, for models that declare grouped_layers()); auto: fused "
+        "where the model allows, else the fastest measured on the actors' device (cached "
+        "in ~/.cache/perfed-ray/engines.json, or $PERFED_ENGINE_CACHE)",
         registry=True,
         auto=True,
     )

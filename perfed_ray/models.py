@@ -61,6 +61,12 @@ class LogReg(nn.Module):
         return "net", self.net
 
 
+def _chain(model: nn.Module, *names: str) -> list[tuple[str, nn.Module]]:
+    """The modules of the model's Sequentials `names`, in order, with their parameters'
+    name prefixes."""
+    return [(f"{name}.{i}", m) for name in names for i, m in enumerate(getattr(model, name))]
+
+
 class CNN(nn.Module):
     """Two 5x5 convolutions with max-pooling and one hidden layer: a second choice for images."""
 
@@ -87,6 +93,10 @@ class CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x.view(-1, *self.input_shape)))
+
+    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
+        """Declares the model a chain the `grouped` engine runs: (input shape, layers)."""
+        return self.input_shape, _chain(self, "features", "head")
 
 
 class LeNet(nn.Module):
@@ -122,6 +132,10 @@ class LeNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x.view(-1, *self.input_shape)))
+
+    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
+        """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""
+        return self.input_shape, _chain(self, "features", "classifier")
 
 
 def build_model(

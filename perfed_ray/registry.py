@@ -210,6 +210,7 @@ ENGINES = Registry(
         "sequential": "perfed_ray.engines.sequential:Sequential",
         "vmap": "perfed_ray.engines.vmap:Vmap",
         "fused": "perfed_ray.engines.fused:Fused",
+        "grouped": "perfed_ray.engines.grouped:Grouped",
     },
     base="perfed_ray.engines.base:Engine",
 )

@@ -14,7 +14,10 @@ BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "kinds"), [("throughput", {"gemm", "engine"}), ("scale", None)])
+@pytest.mark.parametrize(
+    ("script", "kinds"),
+    [("throughput", {"gemm", "engine"}), ("scale", None), ("convolutions", None)],
+)
 def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
     done = subprocess.run(
         [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(tmp_path)],

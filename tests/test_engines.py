@@ -3,6 +3,7 @@ numbers (floating-point tolerance), stateless and stateful, compiled or not."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -39,16 +40,16 @@ METHODS = [
 ]
 
 
-def _work(users: int, tau: int = 3, seed: int = 0):
+def _work(users: int, tau: int = 3, seed: int = 0, shape=(1, 28, 28), batch: int = 40):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.rand(users, tau, 3, 40, 784, generator=gen)
-    y = torch.randint(0, 10, (users, tau, 3, 40), generator=gen)
+    x = torch.rand(users, tau, 3, batch, math.prod(shape), generator=gen)
+    y = torch.randint(0, 10, (users, tau, 3, batch), generator=gen)
     return x, y
 
 
-def _run(name, values, engine, x, y, compile=False, steps=None):
+def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28)):
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
-    model = build_model(cfg.model, (1, 28, 28), 10, seed=0)
+    model = build_model(cfg.model, shape, 10, seed=0)
     algorithm = ALGORITHMS.load(name)(cfg)
     server = params_of(model)
     first = algorithm.init_user_state(server)
@@ -76,6 +77,50 @@ def _assert_close(got, expected):
 def test_engines_match_sequential(name, values, engine):
     x, y = _work(users=5)
     _assert_close(_run(name, values, engine, x, y), _run(name, values, "sequential", x, y))
+
+
+IMAGE = (3, 8, 8)  # small images: the maths of a 32 x 32 one, in a tenth of the time
+
+
+@pytest.mark.parametrize(("name", "values"), METHODS)
+def test_grouped_convolutions_match_sequential(name, values):
+    """Users as the groups of grouped convolutions (the CNN), every method."""
+    x, y = _work(users=3, tau=2, shape=IMAGE, batch=4)
+    values = {"model": "cnn", **values}
+    _assert_close(
+        _run(name, values, "grouped", x, y, shape=IMAGE),
+        _run(name, values, "sequential", x, y, shape=IMAGE),
+    )
+
+
+@pytest.mark.parametrize("name", ["fedavg", "perfedavg-hf"])
+def test_grouped_runs_lenet(name):
+    """FedRep's authors' CNN: ReLU, no padding, three linear layers."""
+    shape = (3, 16, 16)  # LeNet's smallest
+    x, y = _work(users=2, tau=2, shape=shape, batch=2)
+    values = {"model": "lenet"}
+    _assert_close(
+        _run(name, values, "grouped", x, y, shape=shape),
+        _run(name, values, "sequential", x, y, shape=shape),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "values"), [("fedavg", {}), ("fedprox", {"fedprox.mu": 0.5, "sgd.momentum": 0.5})]
+)
+def test_grouped_runs_blocks_of_users_with_different_numbers_of_steps(name, values):
+    """More users than a block, of different sizes (`local_epochs`), masked as in the
+    fused engine whose blocks it shares."""
+    from perfed_ray.engines.fused import BLOCK
+
+    x, y = _work(users=BLOCK + 1, tau=3, shape=IMAGE, batch=2)
+    x, y = x[:, :, :1], y[:, :, :1]
+    steps = torch.arange(len(x)) % 3 + 1
+    values = {"model": "cnn", "local_epochs": 2, **values}
+    _assert_close(
+        _run(name, values, "grouped", x, y, shape=IMAGE, steps=steps),
+        _run(name, values, "sequential", x, y, shape=IMAGE, steps=steps),
+    )
 
 
 @pytest.mark.parametrize("name", ["pfedme", "fedrep", "fedprox", "apfl"])
@@ -152,6 +197,11 @@ def test_models_that_are_no_linear_chain_fall_back_to_vmap(capsys):
     engine = make_engine("fused", ALGORITHMS.load("fedavg")(cfg), cnn, False)
     assert type(engine).__name__ == "Vmap"
     assert "engine fused falls back to vmap" in capsys.readouterr().err
+    mlp = build_model("mlp", (1, 28, 28), 10)
+    assert (
+        type(make_engine("grouped", ALGORITHMS.load("fedavg")(cfg), mlp, False)).__name__ == "Vmap"
+    )
+    assert "declares no usable grouped_layers(); engine grouped" in capsys.readouterr().err
 
 
 def test_lenet_is_fedreps_cifar_cnn_and_its_head_is_the_last_layer():

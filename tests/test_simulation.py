@@ -11,7 +11,7 @@ from perfed_ray.config import from_mapping
 from perfed_ray.errors import ConfigError
 from perfed_ray.models import build_model
 from perfed_ray.runtime import simulation
-from perfed_ray.runtime.placement import balanced
+from perfed_ray.runtime.placement import Placement, balanced, spread
 
 EASY = {
     "dataset": "gaussian",
@@ -122,15 +122,18 @@ def test_balanced_split_evens_the_work_of_a_round():
 
 
 def test_rounds_are_balanced_unless_users_keep_state(ray_session):
-    model = build_model("mlp", (1, 28, 28), 10, seed=0)
-    resolved = simulation.resolve_execution(from_mapping({"algorithm": "fedavg"}), model, 2)
-    assert resolved.balance_rounds is True
-    resolved = simulation.resolve_execution(from_mapping({"algorithm": "ditto"}), model, 2)
-    assert resolved.balance_rounds is False  # its personal models live on their hosts
-    assert simulation.resolve_execution(from_mapping({}), model, 1).balance_rounds is False
+    model = build_model("mlp", (1, 28, 28), 10, seed=0)  # fused: no engine measured, no data
+
+    def resolved(n_actors: int, **values) -> bool | None:
+        placement = Placement(spread(10, n_actors), 1.0, 0.0)
+        cfg = simulation.resolve_execution(from_mapping(values), model, placement, None)
+        return cfg.balance_rounds
+
+    assert resolved(2, algorithm="fedavg") is True
+    assert resolved(2, algorithm="ditto") is False  # its personal models live on their hosts
+    assert resolved(1) is False
     with pytest.raises(ConfigError, match="ditto keeps per-user state"):
-        cfg = from_mapping({"algorithm": "ditto", "balance_rounds": True})
-        simulation.resolve_execution(cfg, model, 2)
+        resolved(2, algorithm="ditto", balance_rounds=True)
 
 
 @pytest.mark.slow

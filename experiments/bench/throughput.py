@@ -103,9 +103,12 @@ def in_process(
     return seconds[1:]
 
 
-def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int, **changes) -> list[float]:
+def on_ray(
+    cfg, prepared, engine: str | None, compile_: bool, rounds: int, **changes
+) -> tuple[list[float], str]:
     """Seconds per round of a perfed-ray run (default placement and balancing, or as
-    `changes` to the configuration say); the first round is dropped."""
+    `changes` to the configuration say), the first round dropped, and the engine it ran
+    (`engine`, or what None, auto, resolved to)."""
     from perfed_ray.analysis import read_table
 
     run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1, **changes)
@@ -113,8 +116,8 @@ def on_ray(cfg, prepared, engine: str, compile_: bool, rounds: int, **changes) -
         simulation.run(
             simulation.Prepared(run_cfg, prepared.data, prepared.users, prepared.scaling), out
         )
-        table = read_table(out, "rounds")
-    return table.sort_values("round")["wall_seconds"].tolist()[1:]
+        table, runs = read_table(out, "rounds"), read_table(out, "runs")
+    return table.sort_values("round")["wall_seconds"].tolist()[1:], runs["engine"].iloc[0]
 
 
 def timed_cli(sets: list[str]) -> dict[str, float]:
@@ -190,12 +193,12 @@ def main() -> None:
             if not mode.startswith("ray "):
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
             elif mode.endswith("threads"):
-                seconds = on_ray(
+                seconds, _ = on_ray(
                     cfg, prepared, engine, compile_, args.rounds, num_cpus_per_actor=float(cores)
                 )
             else:
                 hosts = {"balance_rounds": False} if mode.endswith("hosts") else {}
-                seconds = on_ray(cfg, prepared, engine, compile_, args.rounds, **hosts)
+                seconds, _ = on_ray(cfg, prepared, engine, compile_, args.rounds, **hosts)
             per_round = float(np.median(seconds))
             rate = steps / per_round
             rows.append(

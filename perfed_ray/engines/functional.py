@@ -12,7 +12,20 @@ from perfed_ray.algorithms.base import Batch
 from perfed_ray.algorithms.tree import Params, Scalar, axpy, sub
 
 
-class FunctionalOps:
+class Curvature:
+    """The Hessian-vector product and the gradients' difference from an ops' own `grad`:
+    autodiff serves one user and users stacked alike."""
+
+    def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
+        return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
+
+    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
+        plus = self.grad(axpy(params, v, step), batch)
+        minus = self.grad(axpy(params, v, -step), batch)
+        return sub(plus, minus)
+
+
+class FunctionalOps(Curvature):
     """:class:`~perfed_ray.algorithms.base.ModelOps` of one user, by autodiff."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -32,14 +45,6 @@ class FunctionalOps:
 
     def grad(self, params: Params, batch: Batch) -> Params:
         return grad(self._loss)(params, *batch)
-
-    def hvp(self, params: Params, batch: Batch, v: Params) -> Params:
-        return jvp(lambda p: self.grad(p, batch), (params,), (v,))[1]
-
-    def grad_difference(self, params: Params, v: Params, step: Scalar, batch: Batch) -> Params:
-        plus = self.grad(axpy(params, v, step), batch)
-        minus = self.grad(axpy(params, v, -step), batch)
-        return sub(plus, minus)
 
     def norm(self, tree: Params) -> torch.Tensor:
         return torch.sqrt(self.inner(tree, tree))

@@ -36,14 +36,19 @@ def compile_cache() -> Path:
 class Fused(Engine):
     def __init__(self, algorithm, model, compile: bool = False) -> None:
         super().__init__(algorithm, model, compile)
-        layers = chain_of(model)
-        if layers is None:
-            raise ValueError(f"{type(model).__name__} declares no fused_layers()")
-        self.ops = StackedOps(layers)
+        self.ops = self.stacked_ops(model)
         self.step = None
         if compile:
             compile_cache()
             self.step = torch.compile(algorithm.client_step)
+
+    @staticmethod
+    def stacked_ops(model):
+        """The model's maths for users stacked along axis 0."""
+        layers = chain_of(model)
+        if layers is None:
+            raise ValueError(f"{type(model).__name__} declares no fused_layers()")
+        return StackedOps(layers)
 
     def block(self, server, x, y, states, steps) -> Result:
         """One block; with `steps`, only as many of the T steps as its busiest user takes

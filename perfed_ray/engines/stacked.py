@@ -58,7 +58,18 @@ def _linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
 
 
-class StackedOps:
+class PerUser:
+    """Whole-tree reductions of users stacked along axis 0: one number per user."""
+
+    def norm(self, tree: Params) -> torch.Tensor:
+        return torch.sqrt(self.inner(tree, tree))
+
+    def inner(self, a: Params, b: Params) -> torch.Tensor:
+        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
+        return sum((x * y).flatten(1).sum(1) for x, y in pairs)
+
+
+class StackedOps(PerUser):
     """:class:`~perfed_ray.algorithms.base.ModelOps` for users stacked along axis 0."""
 
     def __init__(self, layers: list[Layer]) -> None:
@@ -155,10 +166,3 @@ class StackedOps:
         diff = {k: grads[0][k] - grads[1][k] for k in grads[0]}
         self._first_layer(diff, dzs[0] - dzs[1], x)
         return {k: diff[k] for k in params}
-
-    def norm(self, tree: Params) -> torch.Tensor:
-        return torch.sqrt(self.inner(tree, tree))
-
-    def inner(self, a: Params, b: Params) -> torch.Tensor:
-        pairs = zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)
-        return sum((x * y).flatten(1).sum(1) for x, y in pairs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import platform
 import socket
@@ -43,7 +44,7 @@ from perfed_ray.data import (
 )
 from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.data.synthetic import train_size
-from perfed_ray.engines import default_engine
+from perfed_ray.engines.auto import Workload, choose, known
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
@@ -52,7 +53,7 @@ from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
 from perfed_ray.runtime.coordinator import Coordinator
-from perfed_ray.runtime.environment import components, plugin_modules
+from perfed_ray.runtime.environment import adopt, components, plugin_modules
 from perfed_ray.runtime.placement import (
     Placement,
     bundles,
@@ -127,13 +128,23 @@ def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
 COMPILE_FROM = 200_000  # user-steps per actor from which compiling (10-20 s) pays on CPU
 
 
-def resolve_execution(cfg: RunConfig, model: torch.nn.Module, n_actors: int) -> RunConfig:
-    """`engine`, `compile` and `balance_rounds` made concrete, so the stored
-    configuration says how the run was executed: fused where the model allows it,
-    compiled when each actor has enough work for compilation to pay for itself, and
-    rounds balanced over the actors unless users keep per-user state (which lives on
-    the actor hosting them)."""
-    engine = cfg.engine or default_engine(model)
+def resolve_execution(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    placement: Placement,
+    source: ShardSource,
+    group: PlacementGroup | None = None,
+) -> RunConfig:
+    """`engine`, `compile` and `balance_rounds` made concrete, once, before any actor
+    starts, so the stored configuration says how the run was executed and a resumed
+    run and every actor (a replacement one too) use the same engine: engines differ in
+    their order of summation, and exact resumption needs the same one. The engine is
+    fused for the MLP, else the fastest measured for this workload on the actors'
+    device (:mod:`perfed_ray.engines.auto`); compiled when each actor has enough work
+    for compilation to pay for itself; rounds balanced over the actors unless users
+    keep per-user state (which lives on the actor hosting them)."""
+    engine = cfg.engine or known(model) or _auto_engine(cfg, model, placement, source, group)
+    n_actors = len(placement.blocks)
     compile_ = cfg.compile
     if compile_ is None:
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
@@ -156,6 +167,46 @@ def round_work(prepared: Prepared) -> Callable[[int], float] | None:
         return None
     batches = np.ceil(prepared.train_sizes() / cfg.batch_size)
     return lambda user: float(batches[user])
+
+
+def _auto_engine(
+    cfg: RunConfig,
+    model: torch.nn.Module,
+    placement: Placement,
+    source: ShardSource,
+    group: PlacementGroup | None,
+) -> str:
+    """The engine `auto` stands for, measured where the actors will run: CPU actors on
+    the driver (same CPUs, the actors' thread count), GPU actors in a Ray task that
+    asks for one actor's resources (in the trial's group, where a sweep reserved them),
+    since the driver may have no GPU and the choice is the device's. The task runs
+    before the actors start, so their resources are free."""
+    trained = cfg.n_users if cfg.trained_users == "all" else cfg.users_per_round
+    work = Workload(
+        tuple(source.input_shape),
+        source.n_classes,
+        users=math.ceil(trained / len(placement.blocks)),
+        threads=max(1, int(placement.num_cpus)),
+        device="cpu",
+    )
+    if not placement.num_gpus:
+        return choose(cfg, model, work)
+    where = (
+        "DEFAULT"
+        if group is None
+        else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1)
+    )
+    task = ray.remote(_choose_on_gpu).options(
+        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, scheduling_strategy=where
+    )
+    return ray.get(task.remote(cfg, model, work, components(cfg)))
+
+
+def _choose_on_gpu(cfg: RunConfig, model: torch.nn.Module, work: Workload, found) -> str:
+    """In a task holding an actor's GPU share: the choice on its device."""
+    adopt(cfg, found)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return choose(cfg, model, dataclasses.replace(work, device=device))
 
 
 def actor_factory(
@@ -290,7 +341,7 @@ def run(
         placement = with_resources(cfg, nodes, record.blocks)
     else:
         placement = plan(cfg, nodes)
-        cfg = resolve_execution(cfg, model, len(placement.blocks))
+        cfg = resolve_execution(cfg, model, placement, prepared.source([]), group)
         prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(
             life.run_id,
