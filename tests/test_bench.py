@@ -38,6 +38,24 @@ def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
 
 
 @pytest.mark.slow
+def test_the_breakdown_splits_each_round_into_parts_that_add_up(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "breakdown.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / "breakdown.parquet")
+    assert set(rows["algorithm"]) == {"fedavg", "perfedavg-hf"}
+    parts = ["round_actor_work", "round_transport", "round_server_step", "round_driver"]
+    assert (rows[["round_actor_work", "round_transport", "round_server_step"]] > 0).all().all()
+    assert np.allclose(rows[parts].sum(axis=1), rows["round_seconds"])
+    runs = ["run_outside_clock", "run_startup", "run_rounds"]
+    assert (rows[runs] > 0).all().all() and (rows[runs].sum(axis=1) < rows["run_seconds"]).all()
+
+
+@pytest.mark.slow
 def test_the_side_by_side_script_compares_two_checkouts(tmp_path):
     """Its smoke test: this checkout against itself, one short measurement each."""
     repo = BENCH.parents[1]

@@ -241,6 +241,63 @@ def flower_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def breakdown_section() -> list[str]:
+    """Where a run's and a round's time goes (breakdown.py), if measured."""
+    path = RESULTS / "breakdown.parquet"
+    if not path.exists():
+        return []
+    frame = pd.read_parquet(path)
+    ms = (
+        1000
+        * frame.groupby("algorithm")[
+            [
+                "round_seconds",
+                "round_actor_work",
+                "round_transport",
+                "round_server_step",
+                "round_driver",
+            ]
+        ].median()
+    )
+    runs = frame.groupby("algorithm")[
+        [
+            "run_seconds",
+            "run_outside_clock",
+            "run_startup",
+            "run_rounds",
+            "run_evaluations_checkpoints_rows",
+        ]
+    ].median()
+    ms.columns = ["round (ms)", "actors' work", "transport", "server step", "driver"]
+    runs.columns = [
+        "whole run (s)",
+        "process start and exit",
+        "actors' start",
+        "rounds",
+        "evaluations, checkpoints, rows",
+    ]
+    rounds = int(frame["rounds"].iloc[0])
+    return [
+        "## Where the time goes",
+        "",
+        f"`python experiments/bench/breakdown.py` ({rounds} rounds of the MNIST workload "
+        "with the default configuration, each run a fresh `perfed-ray run` process, "
+        f"evaluations at round 0 and the end; medians of {frame['repeat'].nunique()} runs "
+        "each, alternating). A round: `actors' work` is the slowest actor's own time in its "
+        "training call (its users' batches, the engine, the weighted sum); `transport` the "
+        "rest of the calls out and back (the weights' put, dispatch, the sums' transfer, "
+        "waiting); `server step` the next model from the sums; `driver` the rest (sampling, "
+        "the row). A run: `process start and exit` is Python, imports, reading MNIST, "
+        "`ray.init` and shutdown, outside the run's own clock.",
+        "",
+        _machine(frame),
+        "",
+        _markdown(ms.round(1).reset_index()),
+        "",
+        _markdown(runs.round(2).reset_index()),
+    ]
+
+
 def flower_section() -> list[str]:
     """FedAvg on Flower's simulation engine beside perfed-ray (flower.py), if measured."""
     path = RESULTS / "flower.parquet"
@@ -395,12 +452,14 @@ def targets() -> list[str]:
     if path.exists():
         t = pd.read_parquet(path)
         engines = t[t["kind"] == "engine"]
-        for algorithm, goal in (("perfedavg-hf", 2000), ("fedavg", 6000)):
-            rate = _rate(engines, algorithm, "ray ")
+        for algorithm, goal in (("perfedavg-hf", 2500), ("fedavg", 6000)):
+            default = engines[engines["mode"] == "ray fused"]  # the MNIST config's defaults
+            rate = _rate(default, algorithm, "ray fused")
             if rate is not None:
                 rows.append(
                     (
-                        f"{algorithm} on 2 cores, steady state >= {goal:,} user-steps/s",
+                        f"{algorithm} on 2 cores, default configuration, steady state "
+                        f">= {goal:,} user-steps/s",
                         f"{rate:,.0f}",
                         rate >= goal,
                     )
@@ -420,9 +479,9 @@ def targets() -> list[str]:
         if run and loop:
             rows.append(
                 (
-                    "a whole 300-round run >= 4x faster than the single-thread loop",
+                    "a whole 300-round run >= 5x faster than the single-thread loop",
                     f"{loop[0] / run[0]:.1f}x",
-                    loop[0] / run[0] >= 4,
+                    loop[0] / run[0] >= 5,
                 )
             )
     path = RESULTS / "convolutions.parquet"
@@ -496,6 +555,8 @@ def write_report() -> None:
         *targets(),
         "",
         *throughput_section(),
+        "",
+        *breakdown_section(),
         "",
         *scale_section(),
         "",
