@@ -13,20 +13,25 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
+def _smoke(script: str, out: Path) -> tuple[pd.DataFrame, str]:
+    """Run a benchmark script's smoke setting into `out`; the rows it wrote, what it printed."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return pd.read_parquet(out / f"{script}.parquet"), done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "kinds"),
     [("throughput", {"gemm", "engine"}), ("scale", None), ("convolutions", None)],
 )
 def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(tmp_path / f"{script}.parquet")
+    rows, _ = _smoke(script, tmp_path)
     assert len(rows) and {"cpu", "cores", "torch", "ray"} <= set(rows.columns)
     if kinds:
         assert set(rows["kind"]) == kinds
@@ -39,14 +44,7 @@ def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
 
 @pytest.mark.slow
 def test_the_breakdown_splits_each_round_into_parts_that_add_up(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "breakdown.py"), "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(tmp_path / "breakdown.parquet")
+    rows, _ = _smoke("breakdown", tmp_path)
     assert set(rows["algorithm"]) == {"fedavg", "perfedavg-hf"}
     parts = ["round_actor_work", "round_transport", "round_server_step", "round_driver"]
     assert (rows[["round_actor_work", "round_transport", "round_server_step"]] > 0).all().all()
@@ -85,14 +83,8 @@ def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
             "no Flower interpreter: set $PERFED_FLOWER_PYTHON or make /work/flower-env "
             "(experiments/bench/flower.py's docstring says how)"
         )
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "flower.py"), "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(tmp_path / "flower.parquet").set_index("tool")
+    rows, printed = _smoke("flower", tmp_path)
+    rows = rows.set_index("tool")
     assert set(rows.index) == {"perfed-ray", "flower"}
     assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == 2).all()
     assert (rows["round_seconds_median"] > 0).all() and (rows["whole_seconds"] > 0).all()
@@ -100,4 +92,4 @@ def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
     # ln 10 = 2.30 and two rounds of small steps leave both there, not diverged.
     assert np.allclose(rows["final_train_loss"], 2.3, atol=0.3)
     assert rows.loc["flower", "flwr"]
-    assert "per_round" in done.stdout and "whole_run" in done.stdout
+    assert "per_round" in printed and "whole_run" in printed

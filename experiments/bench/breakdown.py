@@ -31,8 +31,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import MNIST, RESULTS, save, timed_run
-from report import write_report
+from common import MNIST, RESULTS, timed_run
+from report import publish
 
 ALGORITHMS = ["fedavg", "perfedavg-hf"]
 
@@ -89,9 +89,7 @@ def main() -> None:
                 f"{1000 * row['round_driver']:5.1f}; run {row['run_seconds']:.1f} s",
                 flush=True,
             )
-    save(rows, "breakdown", args.out)
-    if args.out == RESULTS:
-        write_report()
+    publish(rows, "breakdown", args.out)
 
 
 if __name__ == "__main__":

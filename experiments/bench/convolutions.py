@@ -33,8 +33,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, save
-from report import write_report
+from common import RESULTS
+from report import publish
 from throughput import in_process, on_ray
 
 from perfed_ray.config import load
@@ -110,9 +110,7 @@ def main() -> None:
                         f"{model:6} {algorithm:13} {mode:16} {engines[mode]:10} {rate:7.1f}",
                         flush=True,
                     )
-    save(rows, "convolutions", args.out)
-    if args.out == RESULTS:
-        write_report()
+    publish(rows, "convolutions", args.out)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from common import HERE, MNIST, RESULTS, save, timed_run
-from report import flower_ratios, write_report
+from common import HERE, MNIST, RESULTS, timed_run
+from report import flower_ratios, publish
 
 from perfed_ray.config import RunConfig, load
 from perfed_ray.models import initial_model
@@ -165,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table.pivot(index="pair", columns="tool", values=shown).round(3).to_string())
     print("Flower's seconds / perfed-ray's:")
     print(flower_ratios(table).round(2).to_string())
-    save(rows, "flower", args.out)
-    if args.out == RESULTS:
-        write_report()
+    publish(rows, "flower", args.out)
     return 0
 
 

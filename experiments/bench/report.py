@@ -6,9 +6,10 @@ python experiments/bench/report.py
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
-from common import HERE, RESULTS
+from common import HERE, RESULTS, save
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -572,6 +573,14 @@ def write_report() -> None:
         "",
     ]
     (HERE / "BENCHMARKS.md").write_text("\n".join(lines))
+
+
+def publish(rows: list[dict], name: str, out: Path = RESULTS) -> None:
+    """Write a benchmark's rows to <out>/<name>.parquet and, for the committed results
+    folder, rewrite BENCHMARKS.md from them (a smoke run elsewhere leaves it alone)."""
+    save(rows, name, out)
+    if out == RESULTS:
+        write_report()
 
 
 if __name__ == "__main__":

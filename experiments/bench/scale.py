@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, save
-from report import write_report
+from common import RESULTS
+from report import publish
 
 import perfed_ray
 from perfed_ray.analysis import read_table
@@ -106,9 +106,7 @@ def main() -> None:
             print(f"mnist, {n} users: {err}")
             continue
         print(rows[-1], flush=True)
-    save(rows, "scale", args.out)
-    if args.out == RESULTS:
-        write_report()
+    publish(rows, "scale", args.out)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import MNIST, RESULTS, save, timed_run
-from report import write_report
+from common import MNIST, RESULTS, timed_run
+from report import publish
 
 from perfed_ray.config import load
 from perfed_ray.learner import Learner
@@ -241,9 +241,7 @@ def main() -> None:
             },
         ]
         print(f"300 rounds: perfed-ray {whole['seconds']:.1f} s, loop {loop:.1f} s", flush=True)
-    save(rows, "throughput", args.out)
-    if args.out == RESULTS:
-        write_report()
+    publish(rows, "throughput", args.out)
 
 
 if __name__ == "__main__":

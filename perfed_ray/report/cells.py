@@ -30,6 +30,7 @@ MECHANICS = frozenset(
         "download",
         "data_transport",
         "users_per_actor",
+        "balance_rounds",
         "engine",
         "compile",
         "num_cpus_per_actor",
