@@ -51,7 +51,7 @@ from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.registry import ALGORITHMS, STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
-from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord
+from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator
 from perfed_ray.runtime.environment import adopt, components, plugin_modules
 from perfed_ray.runtime.placement import (
@@ -312,6 +312,34 @@ def check_resources(cfg: RunConfig, blocks: list[range] | None = None) -> None:
         )
 
 
+class _RollBacks:
+    """How a run whose users keep per-user state goes on after an actor died with some
+    of those states: from the last checkpoint, its rows restored and the roll-back
+    recorded. An actor that dies in the same round more often than `retries` stops the
+    run instead (counted per round and actor, as the pool counts replacements)."""
+
+    def __init__(self, retries: int, store: RunStore, writer: RunWriter) -> None:
+        self.retries, self.store, self.writer = retries, store, writer
+        self.deaths: Counter[tuple[int, int]] = Counter()
+        self.events: list[tuple[int, dict]] = []  # (checkpoint round restored, events row)
+
+    def restore(self, lost: StateLost) -> Checkpoint | None:
+        """The checkpoint to go on from after `lost` (None: from the start)."""
+        self.deaths[lost.round, lost.actor] += 1
+        if self.deaths[lost.round, lost.actor] > self.retries:
+            raise lost.failed(self.deaths[lost.round, lost.actor]) from None
+        checkpoint = self.store.load()
+        self.writer.resume(checkpoint.rows if checkpoint else {})
+        restored = checkpoint.round if checkpoint else 0
+        # Roll-backs to this same checkpoint were recorded after it was saved, so resuming
+        # the writer cut their rows: they are written again; rows of roll-backs to an
+        # older checkpoint are in it and stay as they are.
+        self.events = [(r, e) for r, e in self.events if r == restored]
+        self.events.append((restored, lost.event(restored)))
+        self.writer.add("events", [event for _, event in self.events])
+        return checkpoint
+
+
 def run(
     prepared: Prepared,
     out: Path,
@@ -376,8 +404,7 @@ def run(
         # user's own Strategy written before sizes existed takes cfg alone
         strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
         server = Server(cfg, template)
-        deaths: Counter[tuple[int, int]] = Counter()  # per round and actor, as the pool's
-        rollbacks: list[tuple[int, dict]] = []  # (checkpoint round restored, events row)
+        rollbacks = _RollBacks(cfg.actor_retries, life.store, writer)
         incarnations = None
         pool = rounds = None
         try:
@@ -411,20 +438,9 @@ def run(
                     rounds.run()
                     break
                 except StateLost as lost:
-                    deaths[lost.round, lost.actor] += 1
-                    if deaths[lost.round, lost.actor] > cfg.actor_retries:
-                        raise lost.failed(deaths[lost.round, lost.actor]) from None
+                    checkpoint = rollbacks.restore(lost)
                     pool.stop()
                     incarnations = [i + 1 for i in pool.incarnations]  # all restarted
-                    checkpoint = life.store.load()
-                    writer.resume(checkpoint.rows if checkpoint else {})
-                    restored = checkpoint.round if checkpoint else 0
-                    # Roll-backs to this same checkpoint were recorded after it was saved,
-                    # so resuming the writer cut their rows: they are written again; rows
-                    # of roll-backs to an older checkpoint are in it and stay as they are.
-                    rollbacks = [(r, e) for r, e in rollbacks if r == restored]
-                    rollbacks.append((restored, lost.event(restored)))
-                    writer.add("events", [event for _, event in rollbacks])
             row.update(_peak_memory(pool))
         finally:
             if rounds is not None:
