@@ -40,7 +40,7 @@ def status_of(err: BaseException | None) -> str:
         return "finished"
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C, SIGTERM, a sweep interrupted
         return "interrupted"
-    from perfed_ray.runtime.rounds import Diverged, Stopped  # a run's: Ray is loaded
+    from perfed_ray.runtime.rounds import Diverged, Stopped  # torch: only once a run ran
 
     if isinstance(err, Stopped):
         return "stopped"

@@ -5,6 +5,8 @@ server's maths, of persistence or of fault injection (issue 23, item 14)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,14 @@ def test_the_coordinator_is_transport_only() -> None:
 
 def test_the_rounds_loop_injects_no_faults() -> None:
     assert not {n for n in imports(PACKAGE / "runtime" / "rounds.py") if "faults" in n}
+
+
+def test_the_rounds_and_the_maths_load_no_ray_even_indirectly():
+    """Not only their own imports: nothing they import loads Ray (the coordinator is
+    handed to the rounds, never imported by them)."""
+    code = (
+        "import sys, perfed_ray.runtime.rounds, perfed_ray.learner, perfed_ray.server, "
+        "perfed_ray.engines; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -21,9 +22,11 @@ import pyarrow as pa
 from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
-from perfed_ray.runtime.coordinator import Coordinator
 from perfed_ray.server import Server
 from perfed_ray.strategy import Strategy
+
+if TYPE_CHECKING:  # the transport is given, not made here: this module loads no Ray
+    from perfed_ray.runtime.coordinator import Coordinator
 
 
 class Diverged(RuntimeError):
