@@ -102,10 +102,10 @@ def scale_section() -> list[str]:
         "## Scale: Synthetic(1, 1) and MNIST (Dirichlet), 100 users per round",
         "",
         "`python experiments/bench/scale.py` (Per-FedAvg (HF), MLP, batch 40, tau = 10, "
-        "default placement: one actor per core, fused engine, `shard_cache_mb: 64`; "
-        "intermediate evaluations of `eval_users: 100`, the final one of every user once). "
-        "The committed table was measured while other runs shared the VM's two cores, so "
-        "its round times are noisy; the ratios to n = 100 come from one invocation.",
+        "default placement: one actor per core, fused engine, balanced rounds, "
+        "`shard_cache_mb: 64`; intermediate evaluations of `eval_users: 100`, the final one "
+        "of every user once). One invocation: the ratios to n = 100 compare runs made "
+        "minutes apart on the same machine, which is shared and noisy (CPU steal).",
         "",
         _machine(frame),
         "",
