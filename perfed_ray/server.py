@@ -16,15 +16,20 @@ from perfed_ray.optimizers.server import State
 from perfed_ray.registry import ALGORITHMS, SERVER_OPTIMIZERS
 
 
+def keeps_user_state(algorithm: Algorithm, template: Params) -> bool:
+    """Whether the method's users keep per-user state on their actor: checkpoints then
+    fetch it, a dead actor means a roll-back rather than a replacement, and users cannot
+    move to another actor (no balanced rounds)."""
+    return algorithm.init_user_state(template) is not None
+
+
 class Server:
     def __init__(self, cfg: RunConfig, template: Params) -> None:
         self.algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
         self.optimizer = SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg)
         self.layout = FlatParams(template)
         self.state: State = self.optimizer.init(self.layout.flatten(template))
-        # Whether users keep per-user state: checkpoints then fetch it, and a dead actor
-        # means a roll-back rather than a replacement.
-        self.stateful = self.algorithm.init_user_state(template) is not None
+        self.stateful = keeps_user_state(self.algorithm, template)
         self.keeps_aggregate = type(self.algorithm).server_update is Algorithm.server_update
 
     def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:

@@ -64,7 +64,7 @@ from perfed_ray.runtime.placement import (
 )
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.runtime.rounds import Progress, Rounds
-from perfed_ray.server import Server
+from perfed_ray.server import Server, keeps_user_state
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def resolve_execution(
     if compile_ is None:
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
         compile_ = engine == "fused" and work >= COMPILE_FROM
-    stateful = ALGORITHMS.load(cfg.algorithm)(cfg).init_user_state(params_of(model)) is not None
+    stateful = keeps_user_state(ALGORITHMS.load(cfg.algorithm)(cfg), params_of(model))
     if stateful and cfg.balance_rounds:
         raise ConfigError(
             f"balance_rounds: {cfg.algorithm} keeps per-user state on the actor hosting "
@@ -225,6 +225,9 @@ def actor_factory(
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
     found = components(cfg)
+    # Balanced rounds send any user to any actor: every actor gets every user's indices,
+    # made and stored once for all of them.
+    everyone = ray.put(prepared.source(range(cfg.n_users))) if cfg.balance_rounds else None
 
     def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
         block = placement.blocks[actor]
@@ -242,7 +245,7 @@ def actor_factory(
         ).remote(
             cfg,
             block,
-            prepared.source(range(cfg.n_users) if cfg.balance_rounds else block),
+            prepared.source(block) if everyone is None else everyone,
             data_ref,
             placement.num_cpus,
             placement.num_gpus,
@@ -405,6 +408,7 @@ def run(
         strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
         server = Server(cfg, template)
         rollbacks = _RollBacks(cfg.actor_retries, life.store, writer)
+        work = round_work(prepared) if cfg.balance_rounds else None
         incarnations = None
         pool = rounds = None
         try:
@@ -422,7 +426,7 @@ def run(
                 )
                 rounds = Rounds(
                     cfg,
-                    Coordinator(pool, bool(cfg.balance_rounds), round_work(prepared)),
+                    Coordinator(pool, bool(cfg.balance_rounds), work),
                     weights,
                     strategy,
                     server,
