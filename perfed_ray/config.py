@@ -148,6 +148,13 @@ class RunConfig:
     )
     seed: int = _opt(0, "seed of everything random in the run", low=0)
     eval_every: int = _opt(20, "evaluate users every this many rounds (and at the end)", low=1)
+    eval_from: int = _opt(
+        0,
+        "intermediate evaluations start at this round (round 0 and the end are always "
+        "scored): a long run read at its last rounds only, as FedRep's authors average "
+        "their last 10",
+        low=0,
+    )
     eval_users: float | None = _opt(
         None,
         "users scored at the intermediate evaluations: all, a number of users (an integer "

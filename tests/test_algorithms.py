@@ -221,6 +221,59 @@ def test_fedrep_trains_the_head_then_the_body_and_personalises_the_head(problem)
         )
 
 
+def test_a_part_gradient_is_the_full_gradients_part_and_differentiates_nothing_else(problem):
+    """FedRep's head step, one user at a time: the head's gradient equals the full
+    gradient's head, the rest are zeros, and autodiff never reaches the body (a body
+    that cannot be differentiated does not stop it)."""
+    from perfed_ray.algorithms.base import grad_and_loss_of
+
+    ops, w, (d, _, _) = problem
+    head = ["net.4.weight", "net.4.bias"]
+    full, loss = ops.grad_and_loss(w, d)
+    part, part_loss = grad_and_loss_of(ops, w, d, head)
+    torch.testing.assert_close(part_loss, loss)
+    assert list(part) == list(w)
+    for k in w:
+        torch.testing.assert_close(part[k], full[k] if k in head else torch.zeros_like(w[k]))
+
+    class NoBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x.clone()
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+        @staticmethod
+        def backward(ctx, g):
+            raise AssertionError("the body was differentiated")
+
+    class Blocked(FunctionalOps):
+        def loss(self, params, batch):
+            return super().loss(
+                {k: v if k in head else NoBackward.apply(v) for k, v in params.items()}, batch
+            )
+
+    blocked = Blocked(ops.model)
+    torch.testing.assert_close(
+        grad_and_loss_of(blocked, w, d, head)[0]["net.4.bias"], full["net.4.bias"]
+    )
+    with pytest.raises(AssertionError, match="differentiated"):
+        torch.func.grad(lambda p: blocked.loss(p, d))(w)
+
+
+def test_a_flag_is_concrete_for_one_plain_user_only():
+    from perfed_ray.algorithms.base import concrete
+
+    assert concrete(torch.tensor(True)) is True
+    assert concrete(torch.tensor(0) >= 1) is False
+    assert concrete(torch.tensor([True, False])) is None
+    seen = []
+    torch.func.vmap(lambda t: seen.append(concrete(t)) or t)(torch.ones(3))
+    assert seen == [None]
+
+
 def test_fedavg_ft_trains_as_fedavg_and_fine_tunes_on_each_of_its_batches(problem):
     ops, w, (d, d1, d2) = problem
     ft = _algorithm("fedavg-ft", alpha=0.2, **{"fedavg-ft.finetune_steps": 3})

@@ -336,3 +336,12 @@ def test_local_users_train_alone_and_are_scored_on_their_own_models(ray_session,
     assert (start[trained.index] > trained["acc_before"]).mean() > 0.5  # own models learnt
     unseen = final[final["unseen"]]
     assert (start[unseen.index] == unseen["acc_before"]).all()  # newcomers start at w_0
+
+
+def test_evaluations_start_at_eval_from(ray_session, tmp_path):
+    """eval_from: a run read at its last rounds only scores round 0, the rounds from
+    eval_from on and the end."""
+    _run(tmp_path, algorithm="fedavg", rounds=5, eval_every=1, eval_from=4, final_eval_draws=1)
+    evals = pd.read_parquet(tmp_path / "evals")
+    assert sorted(evals["round"].unique()) == [0, 4, 5]
+    assert (evals["eval_from"] == 4).all()

@@ -152,6 +152,36 @@ class Algorithm:
         return aggregate
 
 
+def concrete(flag: torch.Tensor) -> bool | None:
+    """A one-element flag's value where Python may branch on it: one user's plain
+    tensor. None under ``vmap``, for users stacked along an axis, or while
+    ``torch.compile`` traces, where a method takes its branch-free path instead."""
+    if (
+        flag.numel() != 1
+        or torch.compiler.is_compiling()
+        or torch._C._functorch.is_functorch_wrapped_tensor(flag)
+    ):
+        return None
+    return bool(flag)
+
+
+def grad_and_loss_of(
+    ops: ModelOps, params: Params, batch: Batch, keys: Sequence[str]
+) -> tuple[Params, torch.Tensor]:
+    """(grad f(w; D) with respect to `keys` alone, zeros for the other parameters;
+    f(w; D)): autodiff stops at the parameters held fixed, so a step that trains a
+    model's last layer does not differentiate the layers below it. Through
+    ``ops.loss``, for a method whose step trains a part decided by `concrete`."""
+    fixed = {k: v for k, v in params.items() if k not in keys}
+
+    def loss(part: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        value = ops.loss({**fixed, **part}, batch)
+        return value.sum(), value
+
+    g, value = torch.func.grad(loss, has_aux=True)({k: params[k] for k in keys})
+    return {k: g[k] if k in g else torch.zeros_like(v) for k, v in params.items()}, value
+
+
 def client_update(
     algorithm: Algorithm,
     ops: ModelOps,

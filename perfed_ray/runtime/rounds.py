@@ -167,9 +167,9 @@ class Rounds:
         return self.earlier_seconds + time.perf_counter() - self.clock
 
     def run(self) -> np.ndarray:
-        """The remaining rounds, with evaluations at round 0, every eval_every rounds and
-        at the end, and checkpoints at round 0, every checkpoint_every rounds and at the
-        end; rows are written at each evaluation and checkpoint."""
+        """The remaining rounds, with evaluations at round 0, every eval_every rounds from
+        eval_from on and at the end, and checkpoints at round 0, every checkpoint_every
+        rounds and at the end; rows are written at each evaluation and checkpoint."""
         cfg = self.cfg
         if not self.resumed:
             self.writer.add("evals", self.evaluate(0, final=False))
@@ -179,7 +179,7 @@ class Rounds:
             self.writer.add("rounds", [self.run_round(round_)])
             self.rounds_done = round_
             final = round_ == cfg.rounds
-            evaluated = final or round_ % cfg.eval_every == 0
+            evaluated = final or (round_ >= cfg.eval_from and round_ % cfg.eval_every == 0)
             if evaluated:
                 self.writer.add("evals", self.evaluate(round_, final))
             if final or round_ % cfg.checkpoint_every == 0:
