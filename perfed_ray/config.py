@@ -228,8 +228,9 @@ class RunConfig:
     balance_rounds: bool | None = _opt(
         None,
         "spread each round's users evenly (by their local steps) over the actors, "
-        "whichever actor hosts them, so no actor waits for a busier one; auto: on for "
-        "methods that keep no per-user state (a state lives on its user's actor)",
+        "moving as few from their hosts as that takes (a per-user state goes with its "
+        "user and back), so no actor waits for a busier one; auto: on with two or more "
+        "actors",
         auto=True,
     )
     compile: bool | None = _opt(

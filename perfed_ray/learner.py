@@ -65,14 +65,17 @@ class Learner:
             raise ValueError(f"state_start = {start!r}: it is 'global' or 'initial'")
         self.initial = params_of(model) if start == "initial" else None
 
-    def _state(self, user: int, server: Params) -> Params | None:
-        """The user's state: stored, or the method's initial one, from this server's
-        model or from w_0."""
+    def _state(
+        self, user: int, server: Params, visiting: Mapping[int, np.ndarray | None] | None = None
+    ) -> Params | None:
+        """The user's state: stored (here, or handed over in `visiting` by the actor
+        hosting the user), or the method's initial one, from this server's model or
+        from w_0."""
         initial = self.algorithm.init_user_state(server if self.initial is None else self.initial)
         if initial is None:
             return None
         self.state_layout = self.state_layout or FlatParams(initial)
-        saved = self.store.get(user)
+        saved = visiting[user] if visiting and user in visiting else self.store.get(user)
         return initial if saved is None else self.state_layout.unflatten(saved, self.device)
 
     def _indices(self, user: int, round_: int) -> torch.Tensor:
@@ -116,19 +119,30 @@ class Learner:
             gather(self.shards[u].y_train, index, out=y[i])
         return x, y, None if self.cfg.local_epochs is None else steps.to(self.device)
 
-    def train(self, server: Params, users: list[int], round_: int) -> tuple[Params, torch.Tensor]:
+    def train(
+        self,
+        server: Params,
+        users: list[int],
+        round_: int,
+        visiting: dict[int, np.ndarray | None] | None = None,
+    ) -> tuple[Params, torch.Tensor]:
         """Round k's local work of the given users from the server's model: their models
         stacked along a leading axis and their mean training losses; their states move
-        on to the next round."""
+        on to the next round, in the store, or for users hosted elsewhere in `visiting`
+        (their states as handed over, None for none yet), replaced there by the new."""
         if self.cfg.local_epochs is not None:  # users of like sizes in the same blocks
             order = sorted(range(len(users)), key=lambda i: -len(self.shards[users[i]].y_train))
             users = [users[i] for i in order]
         x, y, steps = self.block_batches(users, round_)
-        states = stack([self._state(u, server) for u in users])
+        states = stack([self._state(u, server, visiting) for u in users])
         models, losses, new_states = self.engine.run(server, x, y, states, steps)
         if new_states is not None:
             for user, state in zip(users, unstack(new_states, len(users)), strict=True):
-                self.store.put(user, self.state_layout.flatten(state))
+                vector = self.state_layout.flatten(state)
+                if visiting is not None and user in visiting:
+                    visiting[user] = vector
+                else:
+                    self.store.put(user, vector)
         if steps is not None:  # back to the order asked for
             back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
             models, losses = {k: v[back] for k, v in models.items()}, losses[back]
@@ -137,10 +151,13 @@ class Learner:
     def n_train(self, user: int) -> int:
         return len(self.shards[user].y_train)
 
-    def state_vectors(self) -> dict[int, np.ndarray]:
+    def state_vectors(self, users: Sequence[int] | None = None) -> dict[int, np.ndarray]:
         """Every hosted user's state as a flat vector (restored ones not yet used
-        included), for a checkpoint."""
-        return dict(self.store.items())
+        included), for a checkpoint; or those of `users` that have one."""
+        if users is None:
+            return dict(self.store.items())
+        found = {u: self.store.get(u) for u in users}
+        return {u: v for u, v in found.items() if v is not None}
 
     def _score(
         self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor

@@ -18,8 +18,8 @@ from perfed_ray.registry import ALGORITHMS, SERVER_OPTIMIZERS
 
 def keeps_user_state(algorithm: Algorithm, template: Params) -> bool:
     """Whether the method's users keep per-user state on their actor: checkpoints then
-    fetch it, a dead actor means a roll-back rather than a replacement, and users cannot
-    move to another actor (no balanced rounds)."""
+    fetch it, a dead actor means a roll-back rather than a replacement, and a user
+    trained on another actor (balanced rounds) takes its state there and back."""
     return algorithm.init_user_state(template) is not None
 
 

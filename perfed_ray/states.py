@@ -50,6 +50,10 @@ class StateStore:
         self.array[row] = vector
         self.has[row] = True
 
+    def __contains__(self, user: int) -> bool:
+        """Whether this store keeps the user's state (its actor hosts the user)."""
+        return user in (self.users if self.rows is None else self.rows)
+
     def items(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every stored state, in user order."""
         for row in np.flatnonzero(self.has):

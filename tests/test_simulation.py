@@ -8,7 +8,6 @@ import pytest
 
 from perfed_ray.analysis import final_accuracy, read_table
 from perfed_ray.config import from_mapping
-from perfed_ray.errors import ConfigError
 from perfed_ray.models import build_model
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.placement import Placement, balanced, spread
@@ -112,16 +111,27 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
     assert (r1["bytes_received"] > r2["bytes_received"]).all()  # sums, not one model per user
 
 
-def test_balanced_split_evens_the_work_of_a_round():
-    assert balanced([7, 3, 9, 1, 4, 0, 2, 8, 6, 5], 2) == {0: [0, 2, 4, 6, 8], 1: [1, 3, 5, 7, 9]}
-    assert balanced([5, 1], 4) == {0: [1], 1: [5]}  # idle actors get no call
-    # Longest first onto the least loaded (ties: the lower actor): 8 | 5 + 2 + 2 | 4 + 3,
-    # where dealing in turn would give 8 + 3 | 5 + 2 | 4 + 2.
+def test_balanced_split_evens_the_work_of_a_round_moving_few_users():
+    halves = lambda u: u // 5  # noqa: E731  users 0-4 on actor 0, 5-9 on actor 1
+    assert balanced([7, 3, 9, 1, 4, 0, 2, 8, 6, 5], halves, 2) == {
+        0: [0, 1, 2, 3, 4],
+        1: [5, 6, 7, 8, 9],
+    }  # already even: nobody moves
+    # 8 + 2 by host: three users move, lowest ids first when the work is equal.
+    assert balanced(list(range(10)), lambda u: 0 if u < 8 else 1, 2) == {
+        0: [3, 4, 5, 6, 7],
+        1: [0, 1, 2, 8, 9],
+    }
+    assert balanced([5, 1], lambda _: 0, 4) == {0: [5], 1: [1]}  # idle actors get no call
+    # All on actor 0: the user nearest half the gap moves each time, 8 | 8 | 8 in the
+    # end, where LPT (longest first onto the least loaded) gives 8 | 5 + 2 + 2 | 4 + 3.
     work = {0: 8.0, 1: 5.0, 2: 4.0, 3: 3.0, 4: 2.0, 5: 2.0}.__getitem__
-    assert balanced(list(range(6)), 3, work) == {0: [0], 1: [1, 4, 5], 2: [2, 3]}
+    assert balanced(list(range(6)), lambda _: 0, 3, work) == {0: [2, 4, 5], 1: [0], 2: [1, 3]}
+    # A user with more work than the gap stays: moving it would not shorten the round.
+    assert balanced([0, 1], lambda u: u, 2, {0: 10.0, 1: 1.0}.__getitem__) == {0: [0], 1: [1]}
 
 
-def test_rounds_are_balanced_unless_users_keep_state(ray_session):
+def test_rounds_are_balanced_over_two_or_more_actors(ray_session):
     model = build_model("mlp", (1, 28, 28), 10, seed=0)  # fused: no engine measured, no data
 
     def resolved(n_actors: int, **values) -> bool | None:
@@ -130,10 +140,47 @@ def test_rounds_are_balanced_unless_users_keep_state(ray_session):
         return cfg.balance_rounds
 
     assert resolved(2, algorithm="fedavg") is True
-    assert resolved(2, algorithm="ditto") is False  # its personal models live on their hosts
+    assert resolved(2, algorithm="ditto") is True  # personal models travel with the work
+    assert resolved(2, algorithm="ditto", balance_rounds=False) is False
     assert resolved(1) is False
-    with pytest.raises(ConfigError, match="ditto keeps per-user state"):
-        resolved(2, algorithm="ditto", balance_rounds=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"algorithm": "ditto", "sgd.momentum": 0.5},
+        {"algorithm": "fedrep", "local_epochs": 2, "fedrep": {"head_epochs": 1, "body_epochs": 1}},
+    ],
+    ids=["ditto", "fedrep-epochs"],
+)
+def test_per_user_states_travel_with_balanced_work_and_give_the_hosts_numbers(
+    ray_session, tmp_path, values
+):
+    """Users 0-4 on one actor, 5 on the other: most rounds' three users are all on the
+    first, and one moves with its personal state (Ditto's model, FedRep's head), which
+    comes back to its host; training, the personalised scores (which read the states)
+    and the checkpointed states equal those of users trained on their hosts."""
+    common = {"rounds": 4, "eval_every": 2, "final_eval_draws": 2, "users_per_actor": 5}
+    _run(tmp_path / "hosts", balance_rounds=False, **common, **values)
+    _run(tmp_path / "balanced", **common, **values)
+    r1, e1 = _results(tmp_path / "hosts")
+    r2, e2 = _results(tmp_path / "balanced")
+    assert r1["users"].map(list).tolist() == r2["users"].map(list).tolist()
+    assert any(all(u < 5 for u in users) for users in r1["users"])  # a user moved
+    sent = read_table(tmp_path / "balanced", "rounds")["bytes_sent"]
+    assert (sent == 2 * read_table(tmp_path / "hosts", "rounds")["bytes_sent"].min()).all()
+    pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=SUM_ORDER_RTOL)
+    losses = ["loss_before", "loss_after"]
+    pd.testing.assert_frame_equal(e1[losses], e2[losses], rtol=1e-4)
+    states = [
+        np.load(next((tmp_path / d / "checkpoints").glob("run_id=*/checkpoint.npz")))
+        for d in ("hosts", "balanced")
+    ]
+    keys = sorted(k for k in states[0].files if k.startswith("state"))
+    assert keys and keys == sorted(k for k in states[1].files if k.startswith("state"))
+    for k in keys:
+        np.testing.assert_allclose(states[0][k], states[1][k], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ class UpdateSum:
     loss_sum: float
     per_user: dict[int, np.ndarray] | None = None
     seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
+    guests: dict[int, np.ndarray] | None = None  # new states of users hosted elsewhere
 
 
 def peak_memory_bytes() -> int:
@@ -109,10 +110,13 @@ class UserActor:
         round_: int,
         per_user: bool = False,
         aggregated: list[int] | None = None,
+        guests: list[ray.ObjectRef] | None = None,
     ) -> UpdateSum:
         """Local updates of the given users from the global weights, weighted and summed
         over the `aggregated` ones (all of them unless given: with `trained_users: all`
-        every user trains, its state moves on, and only the sampled ones are summed)."""
+        every user trains, its state moves on, and only the sampled ones are summed).
+        `guests`: the states of the users among them that other actors host (balanced
+        rounds), as their hosts handed them over; their new states are sent back."""
         clock = time.perf_counter()
         if self.actor == 0:
             faults.crash_at("actor-always", round_)
@@ -121,7 +125,13 @@ class UserActor:
             if self.incarnation == 1:
                 faults.crash_at("actor-replacement", round_)
         start = self.flat.unflatten(weights, self.device)  # never modified in place
-        models, losses = self.learner.train(start, users, round_)
+        visiting: dict[int, np.ndarray | None] | None = None
+        if guests is not None:
+            store = self.learner.store
+            visiting = dict.fromkeys((u for u in users if u not in store), None)
+            for handed in ray.get(guests):
+                visiting.update(handed)
+        models, losses = self.learner.train(start, users, round_, visiting)
         if aggregated is not None:
             summed = set(aggregated)
             keep = torch.tensor([u in summed for u in users], device=self.device)
@@ -147,7 +157,9 @@ class UserActor:
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
         loss_sum = float(losses.double().sum())
         seconds = time.perf_counter() - clock
-        return UpdateSum(total, float(sum(weights_)), len(users), loss_sum, per, seconds)
+        return UpdateSum(
+            total, float(sum(weights_)), len(users), loss_sum, per, seconds, visiting or None
+        )
 
     def evaluate(self, weights: np.ndarray, users: list[int], round_: int, draws: int) -> pa.Table:
         """The given hosted users' personalised scores for the global weights, as columns."""
@@ -157,3 +169,13 @@ class UserActor:
     def user_states(self) -> dict[int, np.ndarray]:
         """The hosted users' per-user states (empty for methods that keep none)."""
         return self.learner.state_vectors()
+
+    def export_states(self, users: list[int]) -> dict[int, np.ndarray]:
+        """The states of these hosted users that exist (a user never trained has none),
+        for the actor that trains them this round."""
+        return self.learner.state_vectors(users)
+
+    def import_states(self, states: dict[int, np.ndarray]) -> None:
+        """Hosted users' states, trained on another actor, back home."""
+        for user, vector in states.items():
+            self.learner.store.put(user, vector)

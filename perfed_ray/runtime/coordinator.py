@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from perfed_ray.runtime.placement import balanced, host_finder
+from perfed_ray.runtime.placement import balanced, host_finder, hosted
 from perfed_ray.runtime.pool import ActorPool
 
 
@@ -39,23 +39,53 @@ Work = Callable[[int], float]  # a user's share of a round's local work (its ste
 
 
 class Coordinator:
-    """Calls on the pool's actors, each given the users it hosts or, with `balance`
-    (for methods without per-user state, whose users any actor can serve from the
-    shared data), an even share of the round's users by their `work` (None: equal)."""
+    """Calls on the pool's actors, each given the users it hosts or, with `balance`, an
+    even share of the round's users by their `work` (None: equal), which any actor can
+    serve from the shared data. Where users keep per-user `states` on their hosts, a
+    user trained away from its host takes its state with the task, asked of the host
+    as the round starts, and the new state goes back to the host when the round's
+    results arrive; evaluations stay with the hosts."""
 
-    def __init__(self, pool: ActorPool, balance: bool = False, work: Work | None = None) -> None:
+    def __init__(
+        self,
+        pool: ActorPool,
+        balance: bool = False,
+        work: Work | None = None,
+        states: bool = False,
+    ) -> None:
         self.pool = pool
         self.host_of = host_finder(pool.blocks)
         self.balance = balance
         self.work = work
+        self.states = states
+        self.returning: list[ray.ObjectRef] = []  # states on their way home
 
-    def _by_actor(self, users: list[int], work: Work | None = None) -> dict[int, list[int]]:
-        if self.balance:
-            return balanced(users, len(self.pool.blocks), work)
-        by_actor: dict[int, list[int]] = {}
-        for u in users:
-            by_actor.setdefault(self.host_of(u), []).append(u)
-        return by_actor
+    def _by_actor(
+        self, users: list[int], work: Work | None = None, balance: bool | None = None
+    ) -> dict[int, list[int]]:
+        if self.balance if balance is None else balance:
+            return balanced(users, self.host_of, len(self.pool.blocks), work)
+        return hosted(users, self.host_of)
+
+    def _visits(self, by_actor: dict[int, list[int]]) -> dict[int, list[ray.ObjectRef]]:
+        """For each actor, its guests' states (users it serves that another actor hosts),
+        asked of their hosts now. An actor runs its calls in the order they were made,
+        so a host hands over a state after taking back the previous round's."""
+        ray.get(self.returning)  # a failure to take a state back is raised, not lost
+        self.returning = []
+        visits: dict[int, list[ray.ObjectRef]] = {}
+        for a, us in by_actor.items():
+            away = hosted([u for u in us if self.host_of(u) != a], self.host_of)
+            if away:
+                actors = self.pool.actors
+                visits[a] = [actors[h].export_states.remote(vs) for h, vs in away.items()]
+        return visits
+
+    def _send_home(self, states: dict[int, np.ndarray]) -> None:
+        for h, us in hosted(list(states), self.host_of).items():
+            self.returning.append(
+                self.pool.actors[h].import_states.remote({u: states[u] for u in us})
+            )
 
     def train(
         self, round_: int, weights: np.ndarray, reporting: list[int], trained: list[int]
@@ -63,16 +93,20 @@ class Coordinator:
         """Local training of round k from `weights` by the `trained` users; the sum counts
         the `reporting` ones (the same list, unless every user trains each round)."""
         ref = ray.put(weights)
-        if trained is reporting:
-            by_actor = self._by_actor(reporting, self.work)
-            calls = {a: (ref, us, round_) for a, us in by_actor.items()}
-        else:  # every user trains, the reporting ones are summed
-            by_actor = self._by_actor(trained, self.work)
-            summed = set(reporting)
-            calls = {
-                a: (ref, us, round_, False, [u for u in us if u in summed])
-                for a, us in by_actor.items()
-            }
+        by_actor = self._by_actor(trained, self.work)
+        visits = self._visits(by_actor) if self.states and self.balance else {}
+        summed = None if trained is reporting else set(reporting)  # else every user trains
+        calls = {
+            a: (
+                ref,
+                us,
+                round_,
+                False,
+                None if summed is None else [u for u in us if u in summed],
+                visits.get(a),
+            )
+            for a, us in by_actor.items()
+        }
         sums = Sums(
             np.zeros(weights.shape, dtype=np.float64), bytes_sent=weights.nbytes * len(calls)
         )
@@ -84,18 +118,23 @@ class Coordinator:
             sums.loss_sum += part.loss_sum
             sums.bytes_received += part.total.nbytes
             sums.actor_seconds = max(sums.actor_seconds, part.seconds)
+            if part.guests:
+                self._send_home(part.guests)
         return sums
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
         """The users' personalised scores from `weights`, each computed on the actor that
         hosts the user, in the order of the actors."""
         ref = ray.put(weights)
-        calls = {a: (ref, us, round_, draws) for a, us in self._by_actor(users).items()}
+        by_actor = self._by_actor(users, balance=self.balance and not self.states)
+        calls = {a: (ref, us, round_, draws) for a, us in by_actor.items()}
         scores = dict(self.pool.gather(round_, "evaluate", calls))
         return pa.concat_tables([scores[a] for a in sorted(scores)])
 
     def user_states(self, round_: int) -> dict:
         """Every user's per-user state, fetched from the actors that keep it."""
+        ray.get(self.returning)
+        self.returning = []
         states: dict = {}
         for _, part in self.pool.gather(
             round_, "user_states", dict.fromkeys(range(len(self.pool.blocks)), ())

@@ -48,7 +48,7 @@ from perfed_ray.engines.auto import Workload, choose, known
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
-from perfed_ray.registry import ALGORITHMS, STRATEGIES
+from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
@@ -64,7 +64,7 @@ from perfed_ray.runtime.placement import (
 )
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.runtime.rounds import Progress, Rounds
-from perfed_ray.server import Server, keeps_user_state
+from perfed_ray.server import Server
 
 
 @dataclass(frozen=True)
@@ -141,21 +141,15 @@ def resolve_execution(
     their order of summation, and exact resumption needs the same one. The engine is
     fused for the MLP, else the fastest measured for this workload on the actors'
     device (:mod:`perfed_ray.engines.auto`); compiled when each actor has enough work
-    for compilation to pay for itself; rounds balanced over the actors unless users
-    keep per-user state (which lives on the actor hosting them)."""
+    for compilation to pay for itself; rounds balanced over two or more actors (users'
+    per-user states travel with their work)."""
     engine = cfg.engine or known(model) or _auto_engine(cfg, model, placement, source, group)
     n_actors = len(placement.blocks)
     compile_ = cfg.compile
     if compile_ is None:
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
         compile_ = engine == "fused" and work >= COMPILE_FROM
-    stateful = keeps_user_state(ALGORITHMS.load(cfg.algorithm)(cfg), params_of(model))
-    if stateful and cfg.balance_rounds:
-        raise ConfigError(
-            f"balance_rounds: {cfg.algorithm} keeps per-user state on the actor hosting "
-            f"each user, so its users cannot move between actors; leave balance_rounds auto"
-        )
-    balance = (not stateful and n_actors > 1) if cfg.balance_rounds is None else cfg.balance_rounds
+    balance = n_actors > 1 if cfg.balance_rounds is None else cfg.balance_rounds
     return cfg.replace(engine=engine, compile=compile_, balance_rounds=balance)
 
 
@@ -426,7 +420,7 @@ def run(
                 )
                 rounds = Rounds(
                     cfg,
-                    Coordinator(pool, bool(cfg.balance_rounds), work),
+                    Coordinator(pool, bool(cfg.balance_rounds), work, server.stateful),
                     weights,
                     strategy,
                     server,
