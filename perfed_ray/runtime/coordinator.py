@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import ray
+from ray.exceptions import RayActorError
 
+from perfed_ray.errors import first_line
 from perfed_ray.runtime.placement import balanced, host_finder, hosted
-from perfed_ray.runtime.pool import ActorPool
+from perfed_ray.runtime.pool import ActorPool, StateLost
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Coordinator:
         self.balance = balance
         self.work = work
         self.states = states
-        self.returning: list[ray.ObjectRef] = []  # states on their way home
+        self.returning: dict[ray.ObjectRef, int] = {}  # states on their way home -> host
 
     def _by_actor(
         self, users: list[int], work: Work | None = None, balance: bool | None = None
@@ -67,12 +69,25 @@ class Coordinator:
             return balanced(users, self.host_of, len(self.pool.blocks), work)
         return hosted(users, self.host_of)
 
-    def _visits(self, by_actor: dict[int, list[int]]) -> dict[int, list[ray.ObjectRef]]:
+    def _settle(self, round_: int) -> None:
+        """Wait until the states on their way home are there: a host that died with
+        them lost its users' states, which rolls the run back as a death in a call does."""
+        for ref, host in self.returning.items():
+            try:
+                ray.get(ref)
+            except RayActorError as err:
+                raise StateLost(
+                    round_, host, list(self.pool.blocks[host]), first_line(err)
+                ) from None
+        self.returning = {}
+
+    def _visits(
+        self, round_: int, by_actor: dict[int, list[int]]
+    ) -> dict[int, list[ray.ObjectRef]]:
         """For each actor, its guests' states (users it serves that another actor hosts),
         asked of their hosts now. An actor runs its calls in the order they were made,
         so a host hands over a state after taking back the previous round's."""
-        ray.get(self.returning)  # a failure to take a state back is raised, not lost
-        self.returning = []
+        self._settle(round_)
         visits: dict[int, list[ray.ObjectRef]] = {}
         for a, us in by_actor.items():
             away = hosted([u for u in us if self.host_of(u) != a], self.host_of)
@@ -83,9 +98,7 @@ class Coordinator:
 
     def _send_home(self, states: dict[int, np.ndarray]) -> None:
         for h, us in hosted(list(states), self.host_of).items():
-            self.returning.append(
-                self.pool.actors[h].import_states.remote({u: states[u] for u in us})
-            )
+            self.returning[self.pool.actors[h].import_states.remote({u: states[u] for u in us})] = h
 
     def train(
         self, round_: int, weights: np.ndarray, reporting: list[int], trained: list[int]
@@ -94,7 +107,7 @@ class Coordinator:
         the `reporting` ones (the same list, unless every user trains each round)."""
         ref = ray.put(weights)
         by_actor = self._by_actor(trained, self.work)
-        visits = self._visits(by_actor) if self.states and self.balance else {}
+        visits = self._visits(round_, by_actor) if self.states and self.balance else {}
         summed = None if trained is reporting else set(reporting)  # else every user trains
         calls = {
             a: (
@@ -133,8 +146,7 @@ class Coordinator:
 
     def user_states(self, round_: int) -> dict:
         """Every user's per-user state, fetched from the actors that keep it."""
-        ray.get(self.returning)
-        self.returning = []
+        self._settle(round_)
         states: dict = {}
         for _, part in self.pool.gather(
             round_, "user_states", dict.fromkeys(range(len(self.pool.blocks)), ())
