@@ -67,7 +67,7 @@ def _cell(values: np.ndarray) -> str:
     if len(values) == 0:
         return "not run"
     mean, half = mean_ci95(100 * np.asarray(values))
-    return f"{mean:.2f} ± {half:.2f}"
+    return f"{mean:.2f} ± {half:.2f}" if len(values) > 1 else f"{mean:.2f} (one seed)"
 
 
 def scores(out: Path) -> pd.DataFrame:

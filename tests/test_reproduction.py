@@ -96,4 +96,5 @@ def test_each_scoring_rule_names_a_column_of_best_round_and_fills_its_cell(monke
         row = script.table(Path("unused"), {"x": {**fact, "rule": "final round"}}).splitlines()
         cells = [c.strip() for c in next(r for r in row if r.startswith("| x |")).split("|")]
         assert cells[6].startswith("50.00") and cells[6].endswith("(final round)")
+        assert "(one seed)" in cells[6] and "±" not in cells[6]  # one run: no interval
         assert cells[7].startswith("50.00")
