@@ -20,6 +20,8 @@ point                  where, and what ``n`` counts
                        training in round ``n``
 ``actor-always``       actor 0, every incarnation, training in round ``n``
                        (work that fails however often it is retried)
+``actor-states``       actor 0, first incarnation, taking back its users'
+                       states trained elsewhere in round ``n`` (balanced rounds)
 =====================  =======================================================
 """
 

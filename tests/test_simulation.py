@@ -392,3 +392,26 @@ def test_evaluations_start_at_eval_from(ray_session, tmp_path):
     evals = pd.read_parquet(tmp_path / "evals")
     assert sorted(evals["round"].unique()) == [0, 4, 5]
     assert (evals["eval_from"] == 4).all()
+
+
+@pytest.mark.slow
+def test_a_host_that_dies_taking_back_states_rolls_the_run_back(ray_session, tmp_path, monkeypatch):
+    """Actor 0 is killed while it takes back a state trained on the other actor: the
+    state is lost with it, so the run rolls back to its last checkpoint and ends with
+    the numbers of a run never hit."""
+    values = {"algorithm": "ditto", "rounds": 6, "eval_every": 2, "final_eval_draws": 1}
+    values |= {"users_per_actor": 5, "checkpoint_every": 2, "engine": "fused"}
+    _run(tmp_path / "reference", **values)
+    rounds = read_table(tmp_path / "reference", "rounds")
+    moved = next(
+        r for r, us in zip(rounds["round"], rounds["users"], strict=True) if all(u < 5 for u in us)
+    )
+    monkeypatch.setenv("PERFED_FAULT", f"actor-states@{moved}")
+    _run(tmp_path / "rolled", **values)
+    events = read_table(tmp_path / "rolled", "events")
+    assert len(events) == 1 and events["actor"].iloc[0] == 0
+    assert "per-user state lost" in events["detail"].iloc[0]
+    metrics = ["round", "user", "acc_before", "acc_after", "loss_before", "loss_after"]
+    pd.testing.assert_frame_equal(
+        *(_results(tmp_path / d)[1][metrics] for d in ("reference", "rolled"))
+    )

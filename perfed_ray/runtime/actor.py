@@ -175,7 +175,9 @@ class UserActor:
         for the actor that trains them this round."""
         return self.learner.state_vectors(users)
 
-    def import_states(self, states: dict[int, np.ndarray]) -> None:
-        """Hosted users' states, trained on another actor, back home."""
+    def import_states(self, states: dict[int, np.ndarray], round_: int) -> None:
+        """Hosted users' states, trained on another actor in round k, back home."""
+        if self.actor == 0 and self.incarnation == 0:
+            faults.crash_at("actor-states", round_)
         for user, vector in states.items():
             self.learner.store.put(user, vector)

@@ -96,9 +96,10 @@ class Coordinator:
                 visits[a] = [actors[h].export_states.remote(vs) for h, vs in away.items()]
         return visits
 
-    def _send_home(self, states: dict[int, np.ndarray]) -> None:
+    def _send_home(self, round_: int, states: dict[int, np.ndarray]) -> None:
         for h, us in hosted(list(states), self.host_of).items():
-            self.returning[self.pool.actors[h].import_states.remote({u: states[u] for u in us})] = h
+            home = self.pool.actors[h].import_states
+            self.returning[home.remote({u: states[u] for u in us}, round_)] = h
 
     def train(
         self, round_: int, weights: np.ndarray, reporting: list[int], trained: list[int]
@@ -132,7 +133,7 @@ class Coordinator:
             sums.bytes_received += part.total.nbytes
             sums.actor_seconds = max(sums.actor_seconds, part.seconds)
             if part.guests:
-                self._send_home(part.guests)
+                self._send_home(round_, part.guests)
         return sums
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
