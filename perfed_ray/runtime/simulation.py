@@ -7,7 +7,6 @@ root, partition) is checked in :func:`prepare`, before Ray starts.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import platform
@@ -50,10 +49,11 @@ from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
+from perfed_ray.runtime import local_ray
 from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator
-from perfed_ray.runtime.environment import adopt, components, plugin_modules
+from perfed_ray.runtime.environment import adopt, components
 from perfed_ray.runtime.placement import (
     Placement,
     bundles,
@@ -280,21 +280,6 @@ def _peak_memory(pool: ActorPool) -> dict[str, int]:
     }
 
 
-def start_ray(*configs: RunConfig) -> None:
-    """A local Ray for this driver unless one is connected already, shipping the user's
-    own modules (those of every configuration: a sweep's trials') to its workers. Ray's
-    start-up sets its own SIGTERM handler (exit status 1): a caller that wants another
-    must install it after this."""
-    if ray.is_initialized():
-        return
-    modules = sorted({m for cfg in configs for m in plugin_modules(cfg)})
-    ray.init(
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        runtime_env={"py_modules": modules} if modules else None,
-    )
-
-
 def check_resources(cfg: RunConfig, blocks: list[range] | None = None) -> None:
     """The actors of a new run (or of one resumed with its `blocks`) fit the connected
     cluster, all alive at once; ConfigError naming what they ask and what there is,
@@ -355,7 +340,7 @@ def run(
     if life is None:
         with RunLife.new(out, new_run_id(prepared.cfg.algorithm)) as life:
             return run(prepared, out, on_progress, group, command, life)
-    start_ray(prepared.cfg)
+    local_ray.start([prepared.cfg])
     cfg = prepared.cfg
     clock = time.perf_counter()
     model = initial_model(cfg, prepared.source([]))

@@ -228,7 +228,7 @@ def run(
     """Run `new` (checked by :func:`check`) in `folder`, or continue the sweep recorded
     there where it stopped, on the Ray cluster at `address` (default: $RAY_ADDRESS,
     else a local Ray). Returns how its trials ended; the caller reports it."""
-    from perfed_ray.runtime import chatter, connect, simulation
+    from perfed_ray.runtime import chatter, connect, local_ray
     from perfed_ray.runtime.environment import plugin_modules
     from perfed_ray.sweep.trial import STOPS, Stops
 
@@ -248,7 +248,7 @@ def run(
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's boxes and tables: --verbose only
     if cluster and not ray.is_initialized():
         connect.connect(cluster, sorted({m for t in sweep.trials for m in plugin_modules(t)}))
-    simulation.start_ray(*sweep.trials)  # no-op once connected
+    local_ray.start(sweep.trials)  # no-op once connected
     _fits(sweep)
     if new is not None:
         _record(folder, new)

@@ -1,0 +1,68 @@
+"""The local Ray a driver starts for itself: started while the run's data are read, and
+stopped without the grace periods a long-lived cluster needs.
+
+A short run spends more of its time starting and stopping Ray than training: `ray.init`
+takes 2-3 s, mostly waiting for its processes, and Ray's own exit hook sleeps half a
+second "for log messages to finish printing", then stops the node's processes one by
+one, giving each a second's grace; the autoscaler's monitor, which a local run never
+uses, always takes the whole second. So :func:`start` registers :func:`stop` to run
+before Ray's hook at interpreter exit: it stops the monitor at once and then shuts Ray
+down as Ray does, without the sleep. A Ray the driver did not start (a cluster it
+joined, a session a notebook or a test started) is left as it is.
+
+Nothing here imports torch, so :mod:`perfed_ray.api` starts Ray on one thread while
+another imports the maths and prepares the data.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+from collections.abc import Iterable
+
+import ray
+
+from perfed_ray.config import RunConfig
+from perfed_ray.runtime.environment import plugin_modules
+
+# Ray's name for the autoscaler's monitor among its node's processes.
+_MONITOR = "monitor"
+_started = False  # this process started the local Ray it is connected to
+
+
+def start(configs: Iterable[RunConfig]) -> None:
+    """A local Ray for this driver unless one is connected already, shipping the user's
+    own modules (those of every configuration: a sweep's trials') to its workers. Ray's
+    start-up sets its own SIGTERM handler (exit status 1): a caller that wants another
+    must install it after this."""
+    global _started
+    if ray.is_initialized():
+        return
+    modules = sorted({m for cfg in configs for m in plugin_modules(cfg)})
+    ray.init(
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        runtime_env={"py_modules": modules} if modules else None,
+    )
+    if not _started:
+        atexit.register(stop)  # after Ray's own hook, so it runs before it
+    _started = True
+
+
+def stop() -> None:
+    """Shut down the local Ray this process started: its monitor killed outright (Ray
+    would wait a second for it, then kill it), then `ray.shutdown`, which stops the rest
+    (each exits within milliseconds) and leaves Ray's exit hook nothing to do."""
+    global _started
+    if not (_started and ray.is_initialized()):
+        return
+    _started = False
+    node = getattr(ray._private.worker, "_global_node", None)  # private: checked
+    processes = getattr(node, "all_processes", None) or {}
+    for info in processes.get(_MONITOR, []):
+        process = getattr(info, "process", None)
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=5)
+    ray.shutdown()
