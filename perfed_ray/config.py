@@ -25,7 +25,8 @@ from perfed_ray.settings import KINDS, Setting
 
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")
-INPUT_SCALES = ("unit", "standardize", "standardize-pixel", "raw")
+INPUT_SCALES = ("unit", "standardize", "standardize-pixel", "imagenet", "raw")
+AUGMENTATIONS = ("none", "crop-flip")
 HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 TRAINED_USERS = ("sampled", "all")
@@ -84,8 +85,16 @@ class RunConfig:
         "unit",
         "how pixels become inputs: unit [0, 1] (docs/PROTOCOL.md), standardize (per-channel "
         "mean and standard deviation of the whole training set, the same for every user), "
-        "standardize-pixel (the same per pixel), raw (0-255)",
+        "standardize-pixel (the same per pixel), imagenet (RGB standardised by ImageNet's "
+        "channel means and deviations, as FedRep's CIFAR code does), raw (0-255)",
         choices=INPUT_SCALES,
+    )
+    augment: str = _opt(
+        "none",
+        "training-time augmentation of image batches: none, or crop-flip (a random crop "
+        "of the image's size from it padded by 4 black pixels, then a random left-right "
+        "flip, as FedRep's and LG-FedAvg's CIFAR code do); test images are never augmented",
+        choices=AUGMENTATIONS,
     )
     synthetic_alpha: float = _opt(
         1.0, "alpha of Synthetic(alpha, beta): how much users' models differ", low=0
@@ -516,6 +525,16 @@ def _check_combination(cfg: RunConfig) -> None:
         raise ConfigError(
             f"input_scale = {cfg.input_scale!r} applies to image pixels; dataset "
             f"{cfg.dataset} has real-valued features: use input_scale: unit"
+        )
+    if cfg.augment != "none" and (generated or spec.folder):
+        raise ConfigError(
+            f"augment = {cfg.augment!r} applies to images; dataset {cfg.dataset} has "
+            f"real-valued features: use augment: none"
+        )
+    if cfg.augment != "none" and cfg.input_scale == "standardize-pixel":
+        raise ConfigError(
+            f"augment = {cfg.augment!r} pads images with black pixels, which "
+            f"input_scale = standardize-pixel gives no one value: use unit or standardize"
         )
     if generated and getattr(REGISTRIES["model"].load(cfg.model), "images", False):
         raise ConfigError(

@@ -18,12 +18,14 @@ from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
+from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams, params_of
 from perfed_ray.registry import ALGORITHMS
+from perfed_ray.seeding import Stream, torch_generator
 from perfed_ray.states import StateStore
 
 EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a block of users
@@ -48,8 +50,10 @@ class Learner:
         shards: Mapping[int, Shard],
         states: dict[int, np.ndarray] | None = None,
         users: range | Sequence[int] | None = None,
+        augment: CropFlip | None = None,
     ) -> None:
         self.cfg = cfg
+        self.augment = augment
         self.model = model
         self.shards = shards
         self.algorithm: Algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
@@ -113,10 +117,14 @@ class Learner:
         )
         y = torch.empty(*shape, dtype=first.y_train.dtype, device=self.device)
         for i, (u, index) in enumerate(zip(users, idx, strict=True)):
-            if len(index) < longest:
-                index = torch.cat([index, index[:1].expand(longest - len(index), *index.shape[1:])])
+            own = len(index)
+            if own < longest:
+                index = torch.cat([index, index[:1].expand(longest - own, *index.shape[1:])])
             gather(self.shards[u].x_train, index, out=x[i])
             gather(self.shards[u].y_train, index, out=y[i])
+            if self.augment is not None:  # the user's own steps; the rest are masked
+                gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_)
+                x[i, :own] = self.augment(x[i, :own], gen)
         return x, y, None if self.cfg.local_epochs is None else steps.to(self.device)
 
     def train(
@@ -254,6 +262,15 @@ class Learner:
                 for u, (_, y) in zip(users, sources, strict=True)
             ]
             x = torch.stack([gather(x, i) for (x, _), i in zip(sources, idx, strict=True)])
+            if self.augment is not None and not on_test:  # training images only
+                x = torch.stack(
+                    [
+                        self.augment(
+                            xu, torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_, draw)
+                        )
+                        for u, xu in zip(users, x, strict=True)
+                    ]
+                )
             y = torch.stack([gather(y, i) for (_, y), i in zip(sources, idx, strict=True)])
             accs, losses = curve(server, states, x, y, x_test, y_test, mask, before)
             accs, losses = accs.double().cpu().numpy(), losses.double().cpu().numpy()

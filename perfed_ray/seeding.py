@@ -28,6 +28,7 @@ class Stream(enum.IntEnum):
     UNSEEN_USERS = 8
     SHARED_DATA = 9
     VALIDATION = 10
+    AUGMENTATION = 11
 
 
 def _state(seed: int, stream: Stream, *keys: int) -> int:

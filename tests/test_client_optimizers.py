@@ -52,6 +52,38 @@ def test_each_rule_is_torch_optims_step_for_step(name, section, reference, _):
         torch.testing.assert_close(mine[k], leaves[k].detach(), rtol=1e-10, atol=1e-12)
 
 
+def test_sgd_can_decay_weights_only_as_fedreps_parameter_groups_do():
+    torch.manual_seed(0)
+    model = build_model("cnn", (3, 32, 32), 10).double()
+    ops = FunctionalOps(model)
+    params = {k: v.detach().clone() for k, v in params_of(model).items()}
+    batches = [
+        (torch.randn(4, 3 * 32 * 32, dtype=torch.float64), torch.randint(0, 10, (4,)))
+        for _ in range(3)
+    ]
+    section = {"momentum": 0.5, "weight_decay": 0.1, "decay_biases": False}
+    ours = CLIENT_OPTIMIZERS.load("sgd")(from_mapping({"sgd": section}))
+    mine, state = params, ours.init(params)
+    leaves = {k: torch.nn.Parameter(v.clone()) for k, v in params.items()}
+    weights = [p for k, p in leaves.items() if not k.endswith("bias")]
+    biases = [p for k, p in leaves.items() if k.endswith("bias")]
+    assert weights and biases
+    theirs = torch.optim.SGD(  # FedRep's models/Update.py: two groups, biases undecayed
+        [{"params": weights, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}],
+        lr=0.05,
+        momentum=0.5,
+    )
+    for batch in batches:
+        mine, state = ours.step(mine, ops.grad(mine, batch), state, 0.05)
+        theirs.zero_grad()
+        grads = ops.grad(dict(leaves), batch)
+        for k, p in leaves.items():
+            p.grad = grads[k].detach()
+        theirs.step()
+    for k in params:
+        torch.testing.assert_close(mine[k], leaves[k].detach(), rtol=1e-10, atol=1e-12)
+
+
 def test_fedavg_with_momentum_is_momentum_sgd_and_plain_sgd_keeps_no_state():
     torch.manual_seed(0)
     model = build_model("mlp", (1, 4, 4), 10).double()

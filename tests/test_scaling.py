@@ -85,6 +85,20 @@ def test_standardize_pixel_is_numpys_per_pixel_standardisation_of_mnist(mnist):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_imagenet_is_torchvisions_to_tensor_then_normalize_of_cifar10(cifar10, mnist):
+    import torchvision.transforms as T
+
+    normalize = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    pixels = cifar10.x_train[:20]
+    ours = input_scaling(cifar10, "imagenet").apply(pixels, CPU)
+    theirs = torch.stack(
+        [normalize(torch.from_numpy(p.reshape(3, 32, 32)).float() / 255) for p in pixels]
+    )
+    torch.testing.assert_close(ours, theirs.reshape(20, -1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(DataError, match="1 channel"):
+        input_scaling(mnist, "imagenet")
+
+
 def test_float_features_take_only_unit_and_stay_as_they_are():
     x = np.random.default_rng(0).normal(size=(20, 6)).astype(np.float32)
     y = np.zeros(20, dtype=np.int64)

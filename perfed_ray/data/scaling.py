@@ -1,5 +1,5 @@
 """How uint8 pixels become model inputs (`input_scale`): unit, standardize,
-standardize-pixel or raw.
+standardize-pixel, imagenet or raw.
 
 The paper does not say how it scaled its inputs (PROTOCOL.md fixes [0, 1]);
 the scale changes the size of every gradient and so how far a fixed step
@@ -75,11 +75,18 @@ def pixel_moments(data: DataArrays) -> tuple[np.ndarray, np.ndarray]:
     return total / n, np.sqrt(variance)
 
 
+# torchvision's ImageNet statistics of [0, 1] RGB pixels, which FedRep's and LG-FedAvg's
+# code normalise CIFAR-10 with: Normalize(mean, std) after ToTensor.
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
+IMAGENET_STD = np.array([0.229, 0.224, 0.225])
+
+
 def input_scaling(data: DataArrays, how: str) -> InputScaling:
     """The map for `input_scale` = unit ([0, 1]), standardize (zero mean, unit
     standard deviation per channel over the training set), standardize-pixel (the same
-    for each pixel on its own, as pFedMe's and FedProx's MNIST generators do) or raw
-    (0-255). Float features are left as they are (`unit` only)."""
+    for each pixel on its own, as pFedMe's and FedProx's MNIST generators do), imagenet
+    (ImageNet's fixed RGB statistics, as FedRep's CIFAR code) or raw (0-255). Float
+    features are left as they are (`unit` only)."""
     channels = data.input_shape[0]
     if data.x_train.dtype != np.uint8:
         if how != "unit":
@@ -92,5 +99,12 @@ def input_scaling(data: DataArrays, how: str) -> InputScaling:
         return InputScaling(np.zeros(channels), np.full(channels, 255.0))
     if how == "raw":
         return InputScaling(np.zeros(channels), np.ones(channels))
+    if how == "imagenet":
+        if channels != 3:
+            raise DataError(
+                f"input_scale = imagenet standardises RGB images; {data.name} has "
+                f"{channels} channel(s): use standardize"
+            )
+        return InputScaling(255.0 * IMAGENET_MEAN, 255.0 * IMAGENET_STD)
     means, stds = pixel_moments(data) if how == "standardize-pixel" else channel_moments(data)
     return InputScaling(means, np.where(stds > 0, stds, 1.0))  # a constant part -> 0

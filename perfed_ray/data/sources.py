@@ -24,6 +24,7 @@ class ShardSource(Protocol):
 
     input_shape: tuple[int, int, int]
     n_classes: int
+    scaling: InputScaling | None  # how pixels became inputs; None: features as generated
 
     def data_for(self, data: DataArrays | None) -> DataArrays | None:
         """What :meth:`shards` draws from in this actor: the shared data set, or the
@@ -72,6 +73,7 @@ class SyntheticShards:
     beta: float
     input_shape: tuple[int, int, int] = (1, 1, FEATURES)
     n_classes: int = CLASSES
+    scaling: None = None
 
     def data_for(self, data: DataArrays | None) -> None:
         return None

@@ -54,6 +54,11 @@ class SGD(ClientOptimizer):
         "momentum": Setting(0.0, "heavy-ball momentum mu (0: none)", low=0, high=1),
         "weight_decay": Setting(0.0, "L2 weight decay added to the gradient", low=0),
         "nesterov": Setting(False, "Nesterov momentum (needs momentum > 0)"),
+        "decay_biases": Setting(
+            True,
+            "weight decay on biases too (PyTorch's default); false: on weights only, as "
+            "FedRep's code groups its parameters",
+        ),
     }
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -61,6 +66,11 @@ class SGD(ClientOptimizer):
         self.momentum = self.options["momentum"]
         self.weight_decay = self.options["weight_decay"]
         self.nesterov = self.options["nesterov"]
+        self.decay_biases = self.options["decay_biases"]
+
+    def _decays(self, name: str) -> bool:
+        """Whether weight decay applies to the parameter of that name."""
+        return self.decay_biases or not name.endswith("bias")
 
     def init(self, params: Params) -> Params:
         if not self.momentum:
@@ -69,7 +79,10 @@ class SGD(ClientOptimizer):
 
     def step(self, params, grad, state, lr):
         if self.weight_decay:
-            grad = tree_map(lambda g, w: g + self.weight_decay * w, grad, params)
+            grad = {
+                k: g + self.weight_decay * params[k] if self._decays(k) else g
+                for k, g in grad.items()
+            }
         if not self.momentum:
             return sgd(params, grad, lr), state
         # b_t = mu b_{t-1} + g_t from b_0 = 0: PyTorch's b_1 = g_1.

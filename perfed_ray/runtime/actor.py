@@ -19,6 +19,7 @@ import torch
 from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
+from perfed_ray.data.augment import augmentation
 from perfed_ray.data.cache import ShardCache
 from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
@@ -88,7 +89,8 @@ class UserActor:
         # Balanced rounds send any user's work to any actor: its shard is made here too.
         served = range(cfg.n_users) if cfg.balance_rounds else users
         shards = ShardCache(source, served, self.device, data, budget, held_out)
-        self.learner = Learner(cfg, model, shards, states, users)
+        augment = augmentation(cfg.augment, source.input_shape, source.scaling)
+        self.learner = Learner(cfg, model, shards, states, users, augment)
         self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
 
     def describe(self) -> dict[str, object]:
