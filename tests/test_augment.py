@@ -98,7 +98,9 @@ def test_a_users_augmented_batches_are_its_own_whatever_its_block():
 
 
 def test_users_of_different_sizes_get_the_same_augmented_batches_alone_or_together():
-    learner = _learner("crop-flip", local_epochs=1, partition="dirichlet", dirichlet_alpha=0.3)
+    learner = _learner(
+        "crop-flip", algorithm="fedavg", local_epochs=1, partition="dirichlet", dirichlet_alpha=0.3
+    )
     sizes = [len(learner.shards[u].y_train) for u in (0, 1, 2)]
     assert len(set(sizes)) > 1  # padded to the longest in a block
     x_block, _, steps = learner.block_batches([0, 1, 2], round_=1)
@@ -140,3 +142,33 @@ def test_personalisation_batches_are_augmented_test_images_never():
 def test_crop_flip_where_it_cannot_apply_is_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
         from_mapping({"augment": "crop-flip", **changes})
+
+
+@pytest.mark.slow
+def test_a_run_on_ray_trains_on_augmented_images_and_records_how(ray_session, tmp_path):
+    import perfed_ray
+    from perfed_ray.analysis import read_table
+
+    tiny = {
+        "dataset": "cifar10",
+        "partition": "iid",
+        "n_users": 4,
+        "fraction": 0.5,
+        "model": "cnn",
+        "algorithm": "fedavg",
+        "rounds": 1,
+        "tau": 2,
+        "batch_size": 8,
+        "input_scale": "imagenet",
+        "final_eval_draws": 1,
+        "engine": "sequential",
+    }
+    runs = {}
+    for how in ("none", "crop-flip"):
+        result = perfed_ray.simulate({**tiny, "augment": how}, tmp_path, progress=False)
+        runs[how] = result
+    table = read_table(tmp_path, "runs").set_index("run_id")
+    assert table.loc[runs["crop-flip"].run_id, "augment"] == "crop-flip"
+    rounds = {how: r.table("rounds") for how, r in runs.items()}
+    # The same users and batches, other pixels: other training losses.
+    assert rounds["none"]["train_loss"].iloc[0] != rounds["crop-flip"]["train_loss"].iloc[0]
