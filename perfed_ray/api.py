@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +31,6 @@ from perfed_ray.lifecycle import LOGS, RunLife, new_run_id
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
-
-    from perfed_ray.runtime.simulation import Prepared
 
 REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
 
@@ -176,13 +173,6 @@ def simulate(
     return RunResult(life.run_id, life.out)
 
 
-def _prepare(cfg: configuration.RunConfig) -> Prepared:
-    """The run's data, loaded and partitioned (torch imported on the way)."""
-    from perfed_ray.runtime.simulation import prepare
-
-    return prepare(cfg)
-
-
 def _run(
     life: RunLife,
     cfg: configuration.RunConfig,
@@ -196,24 +186,18 @@ def _run(
     """The claimed run, from its data to its end."""
     import ray
 
-    from perfed_ray.runtime import chatter, connect, local_ray  # Ray: after validation
+    from perfed_ray.runtime import chatter, connect, local_ray, simulation  # after validation
 
     if not verbose:
         chatter.hide()
-    # Starting Ray is seconds of waiting on its processes: meanwhile another thread
-    # imports torch and the maths and reads the data. Bad data still fails the run
-    # with its own error, as soon as Ray is up.
-    with ThreadPoolExecutor(1, thread_name_prefix="prepare") as preparing:
-        prepared_later = preparing.submit(_prepare, cfg)
-        cluster = connect.cluster_address(address)
-        if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
-            from perfed_ray.runtime.environment import plugin_modules
+    # The data first: bad data fail in a second, before Ray's seconds of starting.
+    prepared = simulation.prepare(cfg)
+    cluster = connect.cluster_address(address)
+    if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
+        from perfed_ray.runtime.environment import plugin_modules
 
-            connect.connect(cluster, plugin_modules(cfg))
-        local_ray.start([cfg])  # before `announce`, which may set signal handlers
-        prepared = prepared_later.result()
-    from perfed_ray.runtime import simulation
-
+        connect.connect(cluster, plugin_modules(cfg))
+    local_ray.start([prepared.cfg])  # before `announce`, which may set signal handlers
     if placement_group is None:  # a sweep's trial was sized by its reserved group
         simulation.check_resources(prepared.cfg, life.record.blocks if life.resumed else None)
     if announce:

@@ -24,7 +24,8 @@ TINY = [arg for k, v in TINY_RUN.items() for arg in ("--set", f"{k}={v}")]
 def _run(*args: str, cwd: Path, env: dict[str, str] | None = None, data: bool = True) -> str:
     """`perfed-ray run ARGS --out cwd/out`, which must fail on input: its one stderr line.
     `env` is added to the environment; without `data`, $PERFED_DATA is taken out of it."""
-    env = {**os.environ, **(env or {})}
+    ray_tmp = cwd / "ray-tmp"  # where a Ray started by the run would keep its session
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})}
     if not data:
         env.pop("PERFED_DATA")
     result = subprocess.run(
@@ -39,6 +40,7 @@ def _run(*args: str, cwd: Path, env: dict[str, str] | None = None, data: bool = 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert not (cwd / "out").exists()  # nothing started, nothing made
+    assert not ray_tmp.exists(), "Ray was started before the input was found bad"
     return lines[0]
 
 

@@ -1,5 +1,5 @@
-"""The local Ray a driver starts for itself: started while the run's data are read, and
-stopped without the grace periods a long-lived cluster needs.
+"""The local Ray a driver starts for itself, stopped without the grace periods a
+long-lived cluster needs.
 
 A short run spends more of its time starting and stopping Ray than training: `ray.init`
 takes 2-3 s, mostly waiting for its processes, and Ray's own exit hook sleeps half a
@@ -9,9 +9,6 @@ uses, always takes the whole second. So :func:`start` registers :func:`stop` to 
 before Ray's hook at interpreter exit: it stops the monitor at once and then shuts Ray
 down as Ray does, without the sleep. A Ray the driver did not start (a cluster it
 joined, a session a notebook or a test started) is left as it is.
-
-Nothing here imports torch, so :mod:`perfed_ray.api` starts Ray on one thread while
-another imports the maths and prepares the data.
 """
 
 from __future__ import annotations
