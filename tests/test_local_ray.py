@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
+import pandas as pd
+import pytest
 import ray
 
 from perfed_ray.config import from_mapping
@@ -62,3 +67,44 @@ def test_a_ray_this_driver_did_not_start_is_left_running(ray_session):
     local_ray.stop()
     assert ray.is_initialized()
     assert ray.get(ray.put(1)) == 1
+
+
+@pytest.mark.slow
+def test_the_command_stops_its_ray_before_its_quick_exit(tmp_path):
+    # The run's Ray session lives here, and its processes name it; short, for Ray's
+    # socket paths (at most 107 bytes).
+    ray_tmp = Path(tempfile.mkdtemp(prefix="perfed-", dir="/tmp"))
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "perfed_ray.cli", "run", "--quiet"),
+            *("--out", str(tmp_path / "out"), "--set", "dataset=gaussian"),
+            *("--set", "n_users=4", "--set", "fraction=0.5", "--set", "rounds=2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert any(ray_tmp.iterdir())  # it did start a Ray there
+    left = subprocess.run(["pgrep", "-f", str(ray_tmp)], capture_output=True, text=True)
+    assert left.stdout == "", f"Ray processes outlived the command: {left.stdout}"
+    runs = pd.read_parquet(tmp_path / "out" / "runs")
+    assert list(runs["status"]) == ["finished"]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_the_commands_quick_exit_still_runs_every_exit_hook_and_keeps_its_status(tmp_path):
+    mark = tmp_path / "hook-ran"
+    driver = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(mark)!r}, 'w').write('yes'))\n"
+        "from perfed_ray.cli import entry\n"
+        "sys.argv = ['perfed-ray', 'run', '--set', 'rounds=0']\n"
+        "entry()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and "rounds = 0" in result.stderr, result.stderr
+    assert mark.read_text() == "yes"
