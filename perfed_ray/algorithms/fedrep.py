@@ -37,8 +37,11 @@ is scored) from the averaged head.
 
 Their server averages every parameter it is sent, heads too, weighted by the users'
 sample counts (all 1 for their CIFAR splits: a plain mean), as ours does with
-`aggregation: samples`. Where we differ: their weight decay applies to weights only,
-not biases (here the client optimiser decays every parameter); their last round trains
+`aggregation: samples`. Their weight decay applies to weights only, not biases
+(`sgd: {decay_biases: false}`; PyTorch's default, decaying every parameter, is ours),
+and their CIFAR data are augmented and normalised with ImageNet's statistics
+(`augment: crop-flip`, `input_scale: imagenet`: data settings, since Local and FedAvg
+read the same data in their code). Where we differ: their last round trains
 every user and fine-tunes on `--m_ft` samples, which our evaluation's personalisation
 replaces; their accuracy counts correct answers over all users' test samples together
 (this project's `pooled_accuracy`) where PROTOCOL.md averages over users.
