@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import logging
 import os
 import signal
 import sys
@@ -353,8 +352,7 @@ def entry() -> NoReturn:
     the interpreter's teardown of torch's thousands of modules, about a second that a
     finished command has no use for."""
     status = main()
-    atexit._run_exitfuncs()  # CPython's own exit hooks, run now rather than at teardown
-    logging.shutdown()
+    atexit._run_exitfuncs()  # the exit hooks (logging's flush too), now, not at teardown
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

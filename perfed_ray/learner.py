@@ -263,14 +263,9 @@ class Learner:
             ]
             x = torch.stack([gather(x, i) for (x, _), i in zip(sources, idx, strict=True)])
             if self.augment is not None and not on_test:  # training images only
-                x = torch.stack(
-                    [
-                        self.augment(
-                            xu, torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_, draw)
-                        )
-                        for u, xu in zip(users, x, strict=True)
-                    ]
-                )
+                for i, u in enumerate(users):
+                    gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_, draw)
+                    x[i] = self.augment(x[i], gen)
             y = torch.stack([gather(y, i) for (_, y), i in zip(sources, idx, strict=True)])
             accs, losses = curve(server, states, x, y, x_test, y_test, mask, before)
             accs, losses = accs.double().cpu().numpy(), losses.double().cpu().numpy()

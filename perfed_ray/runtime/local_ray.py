@@ -5,8 +5,8 @@ A short run spends more of its time starting and stopping Ray than training: `ra
 takes 2-3 s, mostly waiting for its processes, and Ray's own exit hook sleeps half a
 second "for log messages to finish printing", then stops the node's processes one by
 one, giving each a second's grace; the autoscaler's monitor, which a local run never
-uses, always takes the whole second. So :func:`start` registers :func:`stop` to run
-before Ray's hook at interpreter exit: it stops the monitor at once and then shuts Ray
+uses, always takes the whole second. So :func:`stop` runs before Ray's hook at
+interpreter exit: it stops the monitor at once and then shuts Ray
 down as Ray does, without the sleep. A Ray the driver did not start (a cluster it
 joined, a session a notebook or a test started) is left as it is.
 """
@@ -42,11 +42,10 @@ def start(configs: Iterable[RunConfig]) -> None:
         logging_level=logging.WARNING,
         runtime_env={"py_modules": modules} if modules else None,
     )
-    if not _started:
-        atexit.register(stop)  # after Ray's own hook, so it runs before it
     _started = True
 
 
+@atexit.register  # after Ray's own hook (registered when ray was imported): runs before it
 def stop() -> None:
     """Shut down the local Ray this process started: its monitor killed outright (Ray
     would wait a second for it, then kill it), then `ray.shutdown`, which stops the rest
