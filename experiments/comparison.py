@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from table1 import Cell, estimate, run_cells, state, timings
+from table1 import Cell, forecast, run_cells, state, timings
 
 from perfed_ray.analysis import read_runs
 from perfed_ray.config import flatten
@@ -113,11 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     todo = [cell for cell, how, _ in plan if how != "done"]
-    measured = timings(runs)
     for cell, how, run_id in plan:
         print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
-    hours = sum(estimate(cell, measured) for cell in todo) / 3600
-    print(f"{len(plan)} cells, {len(todo)} to run: about {hours:.1f} hours one at a time")
+    print(f"{len(plan)} cells, {len(todo)} to run: {forecast(todo, timings(runs))}")
     if args.dry_run:
         return 0
     failures = run_cells(todo, args.out, args.jobs)

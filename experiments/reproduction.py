@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from table1 import Cell, estimate, run_cells, state, timings
+from table1 import Cell, forecast, run_cells, state, timings
 
 from perfed_ray.analysis import best_round, mean_ci95, pooled_accuracy, read_runs, read_table
 from perfed_ray.yamlfile import read as read_yaml
@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [cell for cell, how, _ in plan if how != "done"]
         for cell, how, run_id in plan:
             print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
-        hours = sum(estimate(cell, timings(runs)) for cell in todo) / 3600
-        print(f"{len(plan)} runs, {len(todo)} to run: about {hours:.1f} hours one at a time")
+        print(f"{len(plan)} runs, {len(todo)} to run: {forecast(todo, timings(runs))}")
         if args.dry_run:
             return 0
         failures = run_cells(todo, args.out / "runs", args.jobs)

@@ -161,21 +161,31 @@ def state(cell: Cell, runs: pd.DataFrame) -> tuple[str, str | None]:
 
 def timings(runs: pd.DataFrame) -> pd.DataFrame:
     """Finished runs' seconds per round, with what the price of a round depends on."""
+    columns = ["dataset", "algorithm", "tau", "local_epochs", "batch_size"]
     done = runs[runs["status"] == "finished"] if not runs.empty else runs
     if done.empty:
-        return pd.DataFrame(columns=["dataset", "algorithm", "tau", "per_round"])
+        return pd.DataFrame(columns=[*columns, "per_round"])
+    done = done.assign(**{c: None for c in columns if c not in done})  # older runs
     return done.assign(per_round=done["wall_seconds"] / done["rounds_done"])[
-        ["dataset", "algorithm", "tau", "per_round"]
+        [*columns, "per_round"]
     ]
 
 
-def estimate(cell: Cell, measured: pd.DataFrame) -> float:
+def estimate(cell: Cell, measured: pd.DataFrame) -> float | None:
     """Seconds one cell will take: the median round of finished runs of its dataset,
-    algorithm and tau; else their median local step times tau, which overprices a
-    larger tau (evaluation and messaging cost a round the same whatever tau is);
-    else the defaults above."""
+    algorithm and local work (tau, or local epochs and batch size); else, for tau
+    steps, their median local step times tau, which overprices a larger tau
+    (evaluation and messaging cost a round the same whatever tau is), else the
+    defaults above. None for local epochs no finished run has: a round's steps then
+    depend on the users' sizes, which the configuration alone does not give."""
     cfg = cell.cfg()
     like = measured[(measured["dataset"] == cfg.dataset) & (measured["algorithm"] == cfg.algorithm)]
+    if cfg.local_epochs is not None:
+        same = like[
+            (like["local_epochs"] == cfg.local_epochs) & (like["batch_size"] == cfg.batch_size)
+        ]
+        return float(same["per_round"].median()) * cfg.rounds if not same.empty else None
+    like = like[like["local_epochs"].isna()]
     same_tau = like[like["tau"] == cfg.tau]
     if not same_tau.empty:
         return float(same_tau["per_round"].median()) * cfg.rounds
@@ -185,6 +195,18 @@ def estimate(cell: Cell, measured: pd.DataFrame) -> float:
         per_step = STEP_SECONDS.get(cfg.algorithm, max(STEP_SECONDS.values()))
         per_step *= DATASET_FACTOR.get(cfg.dataset, 1.0)
     return per_step * cfg.rounds * cfg.tau
+
+
+def forecast(cells: Iterable[Cell], measured: pd.DataFrame) -> str:
+    """How long the cells will take one at a time, and how many cannot be priced."""
+    seconds = [estimate(cell, measured) for cell in cells]
+    priced = [s for s in seconds if s is not None]
+    unknown = len(seconds) - len(priced)
+    hours = f"about {sum(priced) / 3600:.1f} hours one at a time"
+    if not unknown:
+        return hours
+    rest = f"{unknown} of unknown length (local epochs no finished run here has)"
+    return f"{hours}, plus {rest}" if priced else rest
 
 
 def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
@@ -286,13 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     if not plan:
         raise SystemExit(f"error: no row configurations (*.yaml) in {args.configs}")
     todo = [p for p in plan if p[1] != "done"]
-    measured = timings(runs)
-    seconds = sum(estimate(cell, measured) for cell, _, _ in todo)
     for cell, how, run_id in plan:
         print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
     print(
-        f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: about "
-        f"{seconds / 3600:.1f} hours one at a time on this machine's kind "
+        f"{len(plan)} cells, {len(plan) - len(todo)} done, {len(todo)} to run: "
+        f"{forecast((cell for cell, _, _ in todo), timings(runs))} on this machine's kind "
         f"(seconds per round measured from finished runs in {args.out} where it has some, "
         f"else assumed)"
     )

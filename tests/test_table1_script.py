@@ -54,6 +54,18 @@ def test_finished_and_diverged_cells_are_skipped_and_the_rest_planned(
     assert table1.estimate(other_tau, measured) == pytest.approx(
         (like["per_round"] / like["tau"]).median() * 6 * TINY["rounds"]
     )
+    # Local epochs are priced only from runs with the same epochs and batch size: their
+    # steps depend on the users' sizes; tau runs do not price them, nor they tau runs.
+    epochs = table1.Cell(todo.config, (*todo.sets, "local_epochs=2"))
+    assert table1.estimate(epochs, measured) is None
+    assert "plus 1 of unknown length" in table1.forecast([todo, epochs], measured)
+    as_epochs = measured.assign(local_epochs=2)
+    assert table1.estimate(epochs, as_epochs) == pytest.approx(
+        like["per_round"].median() * TINY["rounds"]
+    )
+    assert table1.estimate(todo, as_epochs) == pytest.approx(
+        table1.STEP_SECONDS["fedavg"] * TINY["rounds"] * TINY["tau"]
+    )
 
 
 def test_dry_run_lists_the_whole_grid_with_the_study(table1, tmp_path, capsys):
