@@ -451,8 +451,8 @@ def convolutions_section() -> list[str]:
         "",
         "Figures from one invocation on a shared 2-core machine; where auto ran the "
         "sequential engine, its row and the loop's differ only by noise. "
-        "What auto measured for one process on one thread (one local step of up to four "
-        "users, best of its turns): "
+        "What auto measured for one process on one thread (a round of up to four users' "
+        "tau local steps, best of its turns): "
         + "; ".join(measured)
         + f". It chose {', '.join(sorted(set(chosen['engine'])))} on this "
         "machine; the grouped engine (each user's filters one group of a grouped "

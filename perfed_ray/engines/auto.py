@@ -4,10 +4,14 @@ The fused engine is known best for the linear chains it runs (the MLP, logistic
 regression: BENCHMARKS.md), so they are not measured. For any other model no rule
 holds: on CPU the CIFAR-10 CNN runs fastest one user after another (its convolutions
 are compute-bound, and `vmap` or a grouped convolution only adds work), on a GPU
-batching users should win. So every engine that applies is timed on a few users' local
-step, in turns, the best of each kept within a budget of a second or two, and the
-fastest chosen. The result is cached on disk per workload (model, shapes, algorithm,
-device, torch version, threads): a machine measures a workload once.
+batching users should win. So every engine that applies is timed on a few users' round
+of local steps, in turns, the best of each kept within a budget of a second or two, and
+the fastest chosen. The timed round is shaped as the real one: tau steps, or one step
+an epoch with the users' counts of steps passed as a round in epochs passes them. Both
+change the engines' costs: a batched engine masks steps by those counts, and FedRep's
+head and body steps cost differently one user at a time, in the round's mix. The result
+is cached on disk per workload (model, shapes, algorithm, steps, device, torch version,
+threads): a machine measures a workload once.
 
 This module knows nothing of Ray: where the measurement runs (the driver, or a task
 with the actors' GPU) is the runtime's choice (:mod:`perfed_ray.runtime.simulation`).
@@ -43,7 +47,8 @@ from perfed_ray.registry import ALGORITHMS
 
 CACHE_ENV = "PERFED_ENGINE_CACHE"
 BUDGET = 1.5  # seconds a measurement takes, unless one turn of the engines takes longer
-MEASURED_USERS = 4  # at most; one local step each
+MEASURED_USERS = 4  # at most
+MEASURED_STEPS = 20  # at most: a round's steps (tau, or one an epoch)
 MARGIN = 0.1  # a batched engine must be 10% faster than the reference to be chosen: a
 # shared machine's noise should not turn a tie into a choice cached for good
 
@@ -91,6 +96,8 @@ class Workload:
             "parameters": [[k, list(v.shape)] for k, v in model.named_parameters()],
             **asdict(self),
             "measured_users": min(self.users, MEASURED_USERS),
+            "measured_steps": measured_steps(cfg),
+            "in_epochs": cfg.local_epochs is not None,
             "batch_size": cfg.batch_size,
             "algorithm": cfg.algorithm,
             "client_optimizer": cfg.client_optimizer,
@@ -123,8 +130,13 @@ def _threads(n: int):
         torch.set_num_threads(before)
 
 
+def measured_steps(cfg: RunConfig) -> int:
+    """The steps of the measured round: tau, or one per epoch (at most MEASURED_STEPS)."""
+    return min(cfg.tau if cfg.local_epochs is None else cfg.local_epochs, MEASURED_STEPS)
+
+
 def measure(cfg: RunConfig, model: nn.Module, work: Workload) -> dict[str, float]:
-    """Seconds of one local step of `work`'s users (at most MEASURED_USERS) under each
+    """Seconds of a round of `work`'s users (at most MEASURED_USERS) under each
     candidate engine: a warm-up turn with one user (first calls pay one-off costs),
     then turns in alternation until BUDGET seconds have passed since the start (one at
     least), the best of each kept. Random inputs: an engine's speed depends on shapes,
@@ -134,17 +146,23 @@ def measure(cfg: RunConfig, model: nn.Module, work: Workload) -> dict[str, float
     algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
     server = params_of(model)
     users = min(work.users, MEASURED_USERS)
-    shape = (users, 1, algorithm.batches_per_step, cfg.batch_size)
+    shape = (users, measured_steps(cfg), algorithm.batches_per_step, cfg.batch_size)
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(*shape, math.prod(work.input_shape), generator=gen).to(device)
     y = torch.randint(0, work.n_classes, shape, generator=gen).to(device)
     states = stack([algorithm.init_user_state(server)] * users)
+    in_epochs = cfg.local_epochs is not None  # users' own counts, as Learner passes them
+    steps = torch.full((users,), shape[1], device=device) if in_epochs else None
     engines = {name: make_engine(name, algorithm, model, False) for name in candidates(model)}
 
     def timed(engine: Engine, n: int) -> float:
         clock = time.perf_counter()
         engine.run(
-            server, x[:n], y[:n], None if states is None else tree_map(lambda s: s[:n], states)
+            server,
+            x[:n],
+            y[:n],
+            None if states is None else tree_map(lambda s: s[:n], states),
+            None if steps is None else steps[:n],
         )
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -204,5 +222,7 @@ def choose(cfg: RunConfig, model: nn.Module, work: Workload, path: Path | None =
     _write(path, entries)
     timings = ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in seconds.items())
     users = min(work.users, MEASURED_USERS)
-    print(f"perfed-ray: engine auto: {engine} ({users} users' step: {timings})", file=sys.stderr)
+    n = measured_steps(cfg)
+    round_ = f"{users} users' {n} step{'s' if n > 1 else ''}"
+    print(f"perfed-ray: engine auto: {engine} ({round_}: {timings})", file=sys.stderr)
     return engine
