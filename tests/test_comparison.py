@@ -96,8 +96,23 @@ def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(ray_se
     runs = annotated_runs(tmp_path).set_index("algorithm")
     assert runs["setting"].nunique() == 1 and "beta" not in runs["setting"].iloc[0]
     assert "tau=2" in runs["setting"].iloc[0]  # shared by the table's runs
-    assert runs.loc["fedavg", "method"] == "fedavg (beta=0.001)"
+    assert runs.loc["fedavg", "method"] == "fedavg (beta=0.001)"  # no usual step size
     assert runs.loc["local", "method"] == "local (beta=0.01, trained_users=all)"
+    # Once most runs share a step size and rounds, they are the setting's, and only a
+    # run that differs says so, with its own local work (epochs as configured: not 2.0).
+    perfed_ray.simulate({**COMPARED, "algorithm": "fedavg", "seed": 1}, tmp_path)
+    perfed_ray.simulate(
+        {**COMPARED, "algorithm": "local", "local_epochs": 2, "rounds": 2},
+        tmp_path,
+    )
+    runs = annotated_runs(tmp_path)
+    [setting] = set(runs["setting"])
+    assert "rounds=4" in setting and "beta" not in setting  # the usual ones; 0.001 the default
+    assert set(runs["method"]) == {
+        "fedavg",
+        "local (beta=0.01, trained_users=all)",
+        "local (rounds=2, local_epochs=2)",
+    }
 
 
 def test_the_authors_protocols_are_valid_configurations_of_every_setting():

@@ -37,8 +37,9 @@ METHOD_KEYS = {
     *SECTIONED,
 }
 # The shared protocol's keys: part of the setting where a table's runs agree on them,
-# else of each method's label (a method run with its authors' step size and batch).
-PROTOCOL_KEYS = ("tau", "beta", "batch_size")
+# else of each method's label (a method run with its authors' step size, batch and
+# number of rounds).
+PROTOCOL_KEYS = ("tau", "beta", "batch_size", "rounds")
 # Published figures beside ours, where a setting matches a method's own paper:
 # {setting label: {method: (accuracy %, source)}}. pFedMe's: its personalised models'
 # test accuracy in the authors' results file for this setting (CharlieDinh/pFedMe,
@@ -69,24 +70,30 @@ def _setting_keys(runs: pd.DataFrame) -> list[str]:
     ]
 
 
+def _value(value: object) -> object:
+    """A value as written in a configuration: a whole number read back as a float (the
+    column of a key most runs leave unset holds NaN) without its ".0"."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _label(values: pd.Series, keys: list[str]) -> str:
     """A setting named by its data set and the values that differ from the defaults."""
     unused = {"dataset"} | (set() if str(values["partition"]).startswith("paper") else {"paper_a"})
     shown = [
-        f"{k}={values[k]}"
+        f"{k}={_value(values[k])}"
         for k in keys
         if k not in unused and not pd.isna(values[k]) and values[k] != FIELDS[k].default
     ]
     return f"{values['dataset']}: " + ", ".join(shown)
 
 
-def _method(run: pd.Series, varying: set[str]) -> str:
+def _method(run: pd.Series, protocol: list[str]) -> str:
     """The algorithm, with its own knobs where they differ from the defaults, and the
-    shared protocol's keys that differ between the methods of its table."""
+    shared protocol's keys where the run differs from its table's usual values."""
     sections = {section_name(run[k]) for k in SECTIONED if k in run and isinstance(run[k], str)}
-    own = [f"{k}={run[k]}" for k in PROTOCOL_KEYS if k in varying]
+    own = [f"{k}={_value(run[k])}" for k in protocol]
     own += [
-        f"{k}={run[k]}"
+        f"{k}={_value(run[k])}"
         for k in run.index
         if _method_key(k) and k not in SECTIONED and not pd.isna(run[k])
         if k in CORE or k.partition(".")[0] in sections
@@ -94,7 +101,7 @@ def _method(run: pd.Series, varying: set[str]) -> str:
         if not (k in {"delta", "hf_delta"} and run["algorithm"] != "perfedavg-hf")
     ]
     optimisers = [k for k in SECTIONED if k != "algorithm" and k in run]
-    own += [f"{k}={run[k]}" for k in optimisers if run[k] != CORE[k].default]
+    own += [f"{k}={_value(run[k])}" for k in optimisers if run[k] != CORE[k].default]
     return run["algorithm"] + (f" ({', '.join(own)})" if own else "")
 
 
@@ -107,12 +114,24 @@ def annotated_runs(out: str | Path) -> pd.DataFrame:
     runs = runs.assign(setting=[_label(r, keys) for _, r in runs.iterrows()])
     settings, methods = [], []
     for _, group in runs.groupby("setting", sort=False):
-        varying = {k for k in PROTOCOL_KEYS if group[k].nunique() > 1}
-        shared = [k for k in FIELDS if k in keys or (k in PROTOCOL_KEYS and k not in varying)]
+        usual = {k: _usual(group[k]) for k in PROTOCOL_KEYS}  # None: no one value
+        shared = [k for k in FIELDS if k in keys or usual.get(k) is not None]
         for index, run in group.iterrows():
-            settings.append((index, _label(run, shared)))
-            methods.append((index, _method(run, varying)))
+            as_usual = run.copy()
+            for k, value in usual.items():
+                if value is not None:
+                    as_usual[k] = value
+            own = [k for k in PROTOCOL_KEYS if usual[k] is None or run[k] != usual[k]]
+            settings.append((index, _label(as_usual, shared)))
+            methods.append((index, _method(run, own)))
     return runs.assign(setting=pd.Series(dict(settings)), method=pd.Series(dict(methods)))
+
+
+def _usual(values: pd.Series) -> object | None:
+    """The value most of a table's runs hold (the setting's), if one value is held by
+    more runs than any other; a method run otherwise says its own in its label."""
+    counts = values.value_counts(dropna=False)
+    return counts.index[0] if len(counts) == 1 or counts.iloc[0] > counts.iloc[1] else None
 
 
 def per_run(out: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
