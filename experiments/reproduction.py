@@ -5,6 +5,7 @@ beside the paper's figure (issue 24): the reproduction table.
     python experiments/reproduction.py                     # every entry, then the table
     python experiments/reproduction.py pfedme-mnist-mlr    # one entry only
     python experiments/reproduction.py --report-only       # the table from the results
+    python experiments/reproduction.py --paired fedrep-cifar10-100x2 local-cifar10-100x2
 
 An entry is a configuration file in experiments/configs/reproduction/ (its runs are
 tagged with the entry's name) and its facts in published.yaml beside them: the paper's
@@ -16,7 +17,9 @@ from the Parquet files alone; the authors' code's records sit in `--out`/authors
 run is scored by the authors' rule (correct answers over all users' test samples, at
 the round(s) the entry's `rule` names, RULES below, and at the final one) and by this
 project's (the unweighted mean over users at the final evaluation, before and after
-one personalisation step).
+one personalisation step). `--paired A B` sets two entries' runs of the same seed (so
+the same users) side by side user by user: A's accuracy minus B's, each averaged over
+the last 10 evaluations, as FedRep's authors average their rounds.
 """
 
 from __future__ import annotations
@@ -86,6 +89,44 @@ def scores(out: Path) -> pd.DataFrame:
         mean_1=("acc_steps", lambda s: float(np.mean([a[1] if len(a) > 1 else np.nan for a in s]))),
     )
     return done.merge(pooled, on="run_id").merge(ours.reset_index(), on="run_id")
+
+
+def paired(runs: pd.DataFrame, evals: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
+    """Per seed both entries finished: each user's accuracy (personal model as it
+    stands, mean over draws, over the last 10 evaluations) under `first` minus under
+    `second`, in points, as the mean over users with its 95% t interval, and how many
+    users are ahead and behind. A seed draws the same users for both."""
+    done = runs[(runs["status"] == "finished") & runs["tag"].isin([first, second])]
+    evals = evals[evals["run_id"].isin(done["run_id"])]
+    last = evals.groupby("run_id", observed=True)["round"].transform(
+        lambda r: r >= np.sort(r.unique())[-10:][0]
+    )
+    per_user = (
+        evals[last]
+        .assign(acc=[a[0] for a in evals.loc[last, "acc_steps"]])
+        .groupby(["run_id", "user"], observed=True)["acc"]
+        .mean()
+        .reset_index()
+        .merge(done[["run_id", "tag", "seed"]], on="run_id")
+        .pivot_table(index=["seed", "user"], columns="tag", values="acc")
+    )
+    rows = []
+    for seed, users in per_user.groupby(level="seed"):
+        if not {first, second} <= set(users.dropna(axis=1, how="all").columns):
+            continue
+        gap = 100 * (users[first] - users[second]).dropna().to_numpy()
+        mean, half = mean_ci95(gap)
+        rows.append(
+            {
+                "seed": seed,
+                "users": len(gap),
+                "difference": mean,
+                "interval": half,
+                "ahead": int((gap > 0).sum()),
+                "behind": int((gap < 0).sum()),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def authors_code(path: Path, model: str) -> str:
@@ -158,7 +199,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
     parser.add_argument("--dry-run", action="store_true", help="list what would run")
     parser.add_argument("--report-only", action="store_true", help="write the table alone")
+    parser.add_argument(
+        "--paired", nargs=2, metavar=("A", "B"), help="entry A minus entry B, user by user"
+    )
     args = parser.parse_args(argv)
+    if args.paired:
+        runs, evals = read_runs(args.out / "runs"), read_table(args.out / "runs", "evals")
+        gaps = paired(runs, evals, *args.paired)
+        if gaps.empty:
+            raise SystemExit(f"error: no seed with both {' and '.join(args.paired)} finished")
+        for row in gaps.itertuples():
+            print(
+                f"{args.paired[0]} minus {args.paired[1]}, seed {row.seed}: "
+                f"{row.difference:+.2f} ± {row.interval:.2f} points per user (95% over "
+                f"{row.users} users); ahead for {row.ahead}, behind for {row.behind}"
+            )
+        return 0
     facts = entries(args.configs, set(args.entries))
     if set(args.entries) - set(facts):
         raise SystemExit(f"error: no entries {sorted(set(args.entries) - set(facts))}")

@@ -98,3 +98,41 @@ def test_each_scoring_rule_names_a_column_of_best_round_and_fills_its_cell(monke
         assert cells[6].startswith("50.00") and cells[6].endswith("(final round)")
         assert "(one seed)" in cells[6] and "±" not in cells[6]  # one run: no interval
         assert cells[7].startswith("50.00")
+
+
+def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_seed():
+    """A minus B per user, over the last 10 evaluation rounds and the draws, of the
+    personal model as it stands (acc_steps[0]); a seed only one entry finished is left
+    out."""
+    from tests.conftest import experiment_script
+
+    [script] = list(experiment_script("reproduction"))
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a0", "b0", "a1", "b1"],
+            "tag": ["A", "B", "A", "B"],
+            "seed": [0, 0, 1, 1],
+            "status": ["finished", "finished", "finished", "interrupted"],
+        }
+    )
+    mine = {"a0": [0.9, 0.7, 0.5], "b0": [0.8, 0.7, 0.7]}  # users 0, 1, 2 in rounds 3-12
+    rows = [
+        {
+            "run_id": run,
+            "round": r,
+            "user": u,
+            "draw": d,
+            # rounds 1-2 are outside the last ten; draws differ by -+0.02 around the level
+            "acc_steps": [0.0 if r <= 2 else level + (0.02 if d else -0.02), 1.0],
+        }
+        for run in ("a0", "b0", "a1", "b1")
+        for r in range(1, 13)
+        for u, level in enumerate(mine.get(run, [0.1, 0.1, 0.1]))
+        for d in (0, 1)
+    ]
+    gaps = script.paired(runs, pd.DataFrame(rows), "A", "B")
+    [row] = gaps.to_dict("records")
+    assert row["seed"] == 0 and row["users"] == 3
+    assert row["difference"] == pytest.approx(100 * (0.1 + 0.0 - 0.2) / 3)
+    assert (row["ahead"], row["behind"]) == (1, 1)
+    assert row["interval"] > 0
