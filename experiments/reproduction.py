@@ -46,6 +46,17 @@ RULES = {
     "last 10 rounds": "last10_accuracy",
     "final round": "final_accuracy",
 }
+# What makes a run's users: two entries are paired user by user only where these agree.
+USERS = (
+    "dataset",
+    "partition",
+    "paper_a",
+    "synthetic_alpha",
+    "synthetic_beta",
+    "dirichlet_alpha",
+    "labels_per_user",
+    "n_users",
+)
 
 
 def entries(configs: Path, only: set[str]) -> dict[str, dict[str, Any]]:
@@ -95,26 +106,35 @@ def paired(runs: pd.DataFrame, evals: pd.DataFrame, first: str, second: str) -> 
     """Per seed both entries finished: each user's accuracy (personal model as it
     stands, mean over draws, over the last 10 evaluations) under `first` minus under
     `second`, in points, as the mean over users with its 95% t interval, and how many
-    users are ahead and behind. A seed draws the same users for both."""
+    users are ahead and behind. A seed draws the same users for both, if the entries
+    make their users alike (USERS); ValueError if not."""
     done = runs[(runs["status"] == "finished") & runs["tag"].isin([first, second])]
+    made = done[[k for k in USERS if k in done]].drop_duplicates()
+    if len(made) > 1:
+        differ = [k for k in made if made[k].nunique(dropna=False) > 1]
+        raise ValueError(
+            f"{first} and {second} are not run on the same users ("
+            + "; ".join(f"{k}: {', '.join(map(str, made[k].unique()))}" for k in differ)
+            + ")"
+        )
     evals = evals[evals["run_id"].isin(done["run_id"])]
-    last = evals.groupby("run_id", observed=True)["round"].transform(
-        lambda r: r >= np.sort(r.unique())[-10:][0]
+    tenth_last = evals.groupby("run_id", observed=True)["round"].transform(
+        lambda rounds: np.sort(rounds.unique())[-10:][0]
     )
-    per_user = (
-        evals[last]
-        .assign(acc=[a[0] for a in evals.loc[last, "acc_steps"]])
+    recent = evals[evals["round"] >= tenth_last]
+    wide = (
+        recent.assign(acc=[a[0] for a in recent["acc_steps"]])
         .groupby(["run_id", "user"], observed=True)["acc"]
         .mean()
         .reset_index()
         .merge(done[["run_id", "tag", "seed"]], on="run_id")
         .pivot_table(index=["seed", "user"], columns="tag", values="acc")
+        .reindex(columns=[first, second])
+        .dropna()  # a seed only one of them finished
     )
     rows = []
-    for seed, users in per_user.groupby(level="seed"):
-        if not {first, second} <= set(users.dropna(axis=1, how="all").columns):
-            continue
-        gap = 100 * (users[first] - users[second]).dropna().to_numpy()
+    for seed, users in wide.groupby(level="seed"):
+        gap = 100 * (users[first] - users[second]).to_numpy()
         mean, half = mean_ci95(gap)
         rows.append(
             {
@@ -205,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.paired:
         runs, evals = read_runs(args.out / "runs"), read_table(args.out / "runs", "evals")
-        gaps = paired(runs, evals, *args.paired)
+        try:
+            gaps = paired(runs, evals, *args.paired)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
         if gaps.empty:
             raise SystemExit(f"error: no seed with both {' and '.join(args.paired)} finished")
         for row in gaps.itertuples():

@@ -103,7 +103,7 @@ def test_each_scoring_rule_names_a_column_of_best_round_and_fills_its_cell(monke
 def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_seed():
     """A minus B per user, over the last 10 evaluation rounds and the draws, of the
     personal model as it stands (acc_steps[0]); a seed only one entry finished is left
-    out."""
+    out, and entries on other users are refused."""
     from tests.conftest import experiment_script
 
     [script] = list(experiment_script("reproduction"))
@@ -113,6 +113,8 @@ def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_s
             "tag": ["A", "B", "A", "B"],
             "seed": [0, 0, 1, 1],
             "status": ["finished", "finished", "finished", "interrupted"],
+            "dataset": "mnist",
+            "n_users": 3,
         }
     )
     mine = {"a0": [0.9, 0.7, 0.5], "b0": [0.8, 0.7, 0.7]}  # users 0, 1, 2 in rounds 3-12
@@ -136,3 +138,7 @@ def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_s
     assert row["difference"] == pytest.approx(100 * (0.1 + 0.0 - 0.2) / 3)
     assert (row["ahead"], row["behind"]) == (1, 1)
     assert row["interval"] > 0
+    # Entries whose users differ are not paired user by user.
+    other = runs.assign(n_users=[3, 5, 3, 5])
+    with pytest.raises(ValueError, match="n_users: 3, 5"):
+        script.paired(other, pd.DataFrame(rows), "A", "B")
