@@ -114,15 +114,13 @@ def annotated_runs(out: str | Path) -> pd.DataFrame:
     runs = runs.assign(setting=[_label(r, keys) for _, r in runs.iterrows()])
     settings, methods = [], []
     for _, group in runs.groupby("setting", sort=False):
-        usual = {k: _usual(group[k]) for k in PROTOCOL_KEYS}  # None: no one value
-        shared = [k for k in FIELDS if k in keys or usual.get(k) is not None]
+        usual = {k: _usual(group[k]) for k in PROTOCOL_KEYS}
+        fixed = {k: v for k, v in usual.items() if v is not None}  # the setting's own
+        shared = [k for k in FIELDS if k in keys or k in fixed]
+        setting = _label(pd.Series({**group.iloc[0], **fixed}), shared)
         for index, run in group.iterrows():
-            as_usual = run.copy()
-            for k, value in usual.items():
-                if value is not None:
-                    as_usual[k] = value
-            own = [k for k in PROTOCOL_KEYS if usual[k] is None or run[k] != usual[k]]
-            settings.append((index, _label(as_usual, shared)))
+            own = [k for k in PROTOCOL_KEYS if k not in fixed or run[k] != fixed[k]]
+            settings.append((index, setting))
             methods.append((index, _method(run, own)))
     return runs.assign(setting=pd.Series(dict(settings)), method=pd.Series(dict(methods)))
 
