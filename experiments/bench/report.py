@@ -173,8 +173,10 @@ def notes(frame: pd.DataFrame) -> list[str]:
         "",
         f"- The fused engine is what moved: on one thread it runs a round's users at "
         f"{fused.min():.1f} to {fused.max():.1f} times the plain loop, and compiling its "
-        f"step gains another {100 * compiled.min():.0f} to {100 * compiled.max():.0f}% "
-        "(exact Per-FedAvg most: its forward-over-reverse product is many small operations). "
+        f"step changes its speed by {100 * compiled.min():+.0f}% to "
+        f"{100 * compiled.max():+.0f}% (exact Per-FedAvg gains most: its forward-over-reverse "
+        "product is many small operations; where the change is a few per cent either way, "
+        "it is within this machine's noise). "
         "The per-user loop gains little or nothing from a second thread (its matrix "
         "products are too small to split); the fused engine gains "
         f"{threads.min():.1f} to {threads.max():.1f}x.",
