@@ -33,7 +33,14 @@ import numpy as np
 import pandas as pd
 from table1 import Cell, forecast, run_cells, state, timings
 
-from perfed_ray.analysis import best_round, mean_ci95, pooled_accuracy, read_runs, read_table
+from perfed_ray.analysis import (
+    best_round,
+    mean_ci95,
+    paired_by_user,
+    pooled_accuracy,
+    read_runs,
+    read_table,
+)
 from perfed_ray.yamlfile import read as read_yaml
 
 HERE = Path(__file__).resolve().parent
@@ -46,17 +53,6 @@ RULES = {
     "last 10 rounds": "last10_accuracy",
     "final round": "final_accuracy",
 }
-# What makes a run's users: two entries are paired user by user only where these agree.
-USERS = (
-    "dataset",
-    "partition",
-    "paper_a",
-    "synthetic_alpha",
-    "synthetic_beta",
-    "dirichlet_alpha",
-    "labels_per_user",
-    "n_users",
-)
 
 
 def entries(configs: Path, only: set[str]) -> dict[str, dict[str, Any]]:
@@ -100,53 +96,6 @@ def scores(out: Path) -> pd.DataFrame:
         mean_1=("acc_steps", lambda s: float(np.mean([a[1] if len(a) > 1 else np.nan for a in s]))),
     )
     return done.merge(pooled, on="run_id").merge(ours.reset_index(), on="run_id")
-
-
-def paired(runs: pd.DataFrame, evals: pd.DataFrame, first: str, second: str) -> pd.DataFrame:
-    """Per seed both entries finished: each user's accuracy (personal model as it
-    stands, mean over draws, over the last 10 evaluations) under `first` minus under
-    `second`, in points, as the mean over users with its 95% t interval, and how many
-    users are ahead and behind. A seed draws the same users for both, if the entries
-    make their users alike (USERS); ValueError if not."""
-    done = runs[(runs["status"] == "finished") & runs["tag"].isin([first, second])]
-    made = done[[k for k in USERS if k in done]].drop_duplicates()
-    if len(made) > 1:
-        differ = [k for k in made if made[k].nunique(dropna=False) > 1]
-        raise ValueError(
-            f"{first} and {second} are not run on the same users ("
-            + "; ".join(f"{k}: {', '.join(map(str, made[k].unique()))}" for k in differ)
-            + ")"
-        )
-    evals = evals[evals["run_id"].isin(done["run_id"])]
-    tenth_last = evals.groupby("run_id", observed=True)["round"].transform(
-        lambda rounds: np.sort(rounds.unique())[-10:][0]
-    )
-    recent = evals[evals["round"] >= tenth_last]
-    wide = (
-        recent.assign(acc=[a[0] for a in recent["acc_steps"]])
-        .groupby(["run_id", "user"], observed=True)["acc"]
-        .mean()
-        .reset_index()
-        .merge(done[["run_id", "tag", "seed"]], on="run_id")
-        .pivot_table(index=["seed", "user"], columns="tag", values="acc")
-        .reindex(columns=[first, second])
-        .dropna()  # a seed only one of them finished
-    )
-    rows = []
-    for seed, users in wide.groupby(level="seed"):
-        gap = 100 * (users[first] - users[second]).to_numpy()
-        mean, half = mean_ci95(gap)
-        rows.append(
-            {
-                "seed": seed,
-                "users": len(gap),
-                "difference": mean,
-                "interval": half,
-                "ahead": int((gap > 0).sum()),
-                "behind": int((gap < 0).sum()),
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def authors_code(path: Path, model: str) -> str:
@@ -226,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paired:
         runs, evals = read_runs(args.out / "runs"), read_table(args.out / "runs", "evals")
         try:
-            gaps = paired(runs, evals, *args.paired)
+            gaps = paired_by_user(runs, evals, *args.paired)
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
         if gaps.empty:

@@ -222,6 +222,76 @@ def best_round(pooled: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# What makes a run's users: two runs of a seed hold the same users only where these agree.
+USER_KEYS = (
+    "dataset",
+    "partition",
+    "paper_a",
+    "synthetic_alpha",
+    "synthetic_beta",
+    "dirichlet_alpha",
+    "labels_per_user",
+    "n_users",
+)
+
+
+def paired_by_user(
+    runs: pd.DataFrame,
+    evals: pd.DataFrame,
+    first: str,
+    second: str,
+    by: str = "tag",
+    last: int = 10,
+) -> pd.DataFrame:
+    """Two settings compared user by user, per seed both finished: each user's accuracy
+    (its personal model as it stands, mean over draws and over the last `last`
+    evaluations, FedRep's authors' window) under `first` minus under `second`, in
+    points: the mean over users with its 95% t interval, and how many users are ahead
+    and behind. Pairing by user removes the spread between users that a difference of
+    two means carries. `by` is the runs' column that names the settings. A seed draws
+    the same users for both only if the runs make their users alike (USER_KEYS);
+    ValueError if not."""
+    done = runs[(runs["status"] == "finished") & runs[by].isin([first, second])]
+    made = done[[k for k in USER_KEYS if k in done]].drop_duplicates()
+    if len(made) > 1:
+        differ = [k for k in made if made[k].nunique(dropna=False) > 1]
+        raise ValueError(
+            f"{first} and {second} are not run on the same users ("
+            + "; ".join(f"{k}: {', '.join(map(str, made[k].unique()))}" for k in differ)
+            + ")"
+        )
+    evals = evals[evals["run_id"].isin(done["run_id"])]
+    first_kept = evals.groupby("run_id", observed=True)["round"].transform(
+        lambda rounds: np.sort(rounds.unique())[-last:][0]
+    )
+    recent = evals[evals["round"] >= first_kept]
+    wide = (
+        recent.assign(acc=[a[0] for a in recent["acc_steps"]])
+        .groupby(["run_id", "user"], observed=True)["acc"]
+        .mean()
+        .reset_index()
+        .merge(done[["run_id", by, "seed"]], on="run_id")
+        .pivot_table(index=["seed", "user"], columns=by, values="acc")
+        .reindex(columns=[first, second])
+        .dropna()  # a seed only one of them finished
+    )
+    rows = []
+    for seed, users in wide.groupby(level="seed"):
+        gap = 100 * (users[first] - users[second]).to_numpy()
+        mean, half = mean_ci95(gap)
+        rows.append(
+            {
+                "seed": seed,
+                "users": len(gap),
+                "difference": mean,
+                "interval": half,
+                "ahead": int((gap > 0).sum()),
+                "behind": int((gap < 0).sum()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     """Per run: mean personalised accuracy over users at the final evaluation, with
     its 95% interval over adaptation draws, and the accuracy before adaptation."""

@@ -344,6 +344,13 @@ class RunConfig:
         return max(1, round(self.eval_users * self.n_users))
 
     @property
+    def steps_vary(self) -> bool:
+        """Whether a round's users take their own numbers of local steps: with
+        `local_epochs` each passes over its own shard, with `tau` all take tau. Where
+        they vary, engines are handed each user's count and mask the steps past it."""
+        return self.local_epochs is not None
+
+    @property
     def users_per_round(self) -> int:
         """m = round(r n), the number of users sampled each round (r n >= 1 is checked)."""
         return round(self.fraction * self.n_users)

@@ -85,7 +85,7 @@ class Learner:
     def _indices(self, user: int, round_: int) -> torch.Tensor:
         """The user's batches of the round: [steps, per_step, B]."""
         algorithm, cfg = self.algorithm, self.cfg
-        if cfg.local_epochs is not None:
+        if cfg.steps_vary:
             n = len(self.shards[user].y_train)
             return epoch_indices(cfg.seed, user, round_, n, cfg.local_epochs, cfg.batch_size)
         return round_indices(
@@ -125,7 +125,7 @@ class Learner:
             if self.augment is not None:  # the user's own steps; the rest are masked
                 gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_)
                 x[i, :own] = self.augment(x[i, :own], gen)
-        return x, y, None if self.cfg.local_epochs is None else steps.to(self.device)
+        return x, y, steps.to(self.device) if self.cfg.steps_vary else None
 
     def train(
         self,
@@ -138,7 +138,7 @@ class Learner:
         stacked along a leading axis and their mean training losses; their states move
         on to the next round, in the store, or for users hosted elsewhere in `visiting`
         (their states as handed over, None for none yet), replaced there by the new."""
-        if self.cfg.local_epochs is not None:  # users of like sizes in the same blocks
+        if self.cfg.steps_vary:  # users of like sizes in the same blocks
             order = sorted(range(len(users)), key=lambda i: -len(self.shards[users[i]].y_train))
             users = [users[i] for i in order]
         x, y, steps = self.block_batches(users, round_)

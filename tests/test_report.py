@@ -225,3 +225,46 @@ def test_pooled_accuracy_counts_users_by_their_test_samples_and_finds_the_best_r
     assert pooled[2] == pytest.approx((30 / 40 + 1.0) / 2)  # draws averaged
     best = best_round(pooled_accuracy(evals)).iloc[0]
     assert best["best_round"] == 2 and best["final_accuracy"] == best["best_accuracy"]
+
+
+def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_seed():
+    """A minus B per user, over the last 10 evaluation rounds and the draws, of the
+    personal model as it stands (acc_steps[0]); a seed only one entry finished is left
+    out, and entries on other users are refused."""
+    from perfed_ray.analysis import paired_by_user
+
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a0", "b0", "a1", "b1"],
+            "tag": ["A", "B", "A", "B"],
+            "seed": [0, 0, 1, 1],
+            "status": ["finished", "finished", "finished", "interrupted"],
+            "dataset": "mnist",
+            "n_users": 3,
+        }
+    )
+    mine = {"a0": [0.9, 0.7, 0.5], "b0": [0.8, 0.7, 0.7]}  # users 0, 1, 2 in rounds 3-12
+    rows = [
+        {
+            "run_id": run,
+            "round": r,
+            "user": u,
+            "draw": d,
+            # rounds 1-2 are outside the last ten; draws differ by -+0.02 around the level
+            "acc_steps": [0.0 if r <= 2 else level + (0.02 if d else -0.02), 1.0],
+        }
+        for run in ("a0", "b0", "a1", "b1")
+        for r in range(1, 13)
+        for u, level in enumerate(mine.get(run, [0.1, 0.1, 0.1]))
+        for d in (0, 1)
+    ]
+    gaps = paired_by_user(runs, pd.DataFrame(rows), "A", "B")
+    [row] = gaps.to_dict("records")
+    assert row["seed"] == 0 and row["users"] == 3
+    assert row["difference"] == pytest.approx(100 * (0.1 + 0.0 - 0.2) / 3)
+    assert (row["ahead"], row["behind"]) == (1, 1)
+    assert row["interval"] > 0
+    # Entries whose users differ are not paired user by user.
+    other = runs.assign(n_users=[3, 5, 3, 5])
+    with pytest.raises(ValueError, match="n_users: 3, 5"):
+        paired_by_user(other, pd.DataFrame(rows), "A", "B")

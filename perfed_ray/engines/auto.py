@@ -97,7 +97,7 @@ class Workload:
             **asdict(self),
             "measured_users": min(self.users, MEASURED_USERS),
             "measured_steps": measured_steps(cfg),
-            "in_epochs": cfg.local_epochs is not None,
+            "in_epochs": cfg.steps_vary,
             "batch_size": cfg.batch_size,
             "algorithm": cfg.algorithm,
             "client_optimizer": cfg.client_optimizer,
@@ -151,8 +151,8 @@ def measure(cfg: RunConfig, model: nn.Module, work: Workload) -> dict[str, float
     x = torch.rand(*shape, math.prod(work.input_shape), generator=gen).to(device)
     y = torch.randint(0, work.n_classes, shape, generator=gen).to(device)
     states = stack([algorithm.init_user_state(server)] * users)
-    in_epochs = cfg.local_epochs is not None  # users' own counts, as Learner passes them
-    steps = torch.full((users,), shape[1], device=device) if in_epochs else None
+    # users' own counts where they vary, as Learner passes them
+    steps = torch.full((users,), shape[1], device=device) if cfg.steps_vary else None
     engines = {name: make_engine(name, algorithm, model, False) for name in candidates(model)}
 
     def timed(engine: Engine, n: int) -> float:
@@ -221,8 +221,7 @@ def choose(cfg: RunConfig, model: nn.Module, work: Workload, path: Path | None =
     }
     _write(path, entries)
     timings = ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in seconds.items())
-    users = min(work.users, MEASURED_USERS)
-    n = measured_steps(cfg)
-    round_ = f"{users} users' {n} step{'s' if n > 1 else ''}"
+    n = described["measured_steps"]
+    round_ = f"{described['measured_users']} users' {n} step{'s' if n > 1 else ''}"
     print(f"perfed-ray: engine auto: {engine} ({round_}: {timings})", file=sys.stderr)
     return engine

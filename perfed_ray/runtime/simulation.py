@@ -157,7 +157,7 @@ def round_work(prepared: Prepared) -> Callable[[int], float] | None:
     """A user's local steps in a round, as balanced rounds weigh it: the same for every
     user (None) with `tau` steps, its batches per epoch with `local_epochs`."""
     cfg = prepared.cfg
-    if cfg.local_epochs is None:
+    if not cfg.steps_vary:
         return None
     batches = np.ceil(prepared.train_sizes() / cfg.batch_size)
     return lambda user: float(batches[user])
