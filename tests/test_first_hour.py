@@ -22,6 +22,7 @@ def test_version_and_the_whole_help(capsys):
     assert "Exit status: 0 success; 2 bad input" in shown and "--version" in shown
 
 
+@pytest.mark.slow  # about 5-7 s: a whole run in a process of its own
 def test_simulate_shows_progress_unless_told_not_to_and_prints_a_readable_summary(
     ray_session, tmp_path, capsys
 ):

@@ -44,6 +44,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # about 5-7 s: a whole run in a process of its own
 def test_a_runs_own_ray_is_stopped_whole_without_the_monitors_grace():
     result = subprocess.run(
         [sys.executable, "-c", DRIVER],
