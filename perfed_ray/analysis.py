@@ -36,6 +36,9 @@ CONFIG_KEYS = [
     "rounds",
 ]
 
+# FedRep's authors' figure: the mean of a run's last this many evaluations.
+LAST_ROUNDS = 10
+
 
 def t_quantile(p: float, df: int) -> float:
     """Student-t quantile for p in (0.5, 1), by bisection on a numerically integrated CDF."""
@@ -216,7 +219,7 @@ def best_round(pooled: pd.DataFrame) -> pd.DataFrame:
                 "best_accuracy": float(best["pooled_accuracy"]),
                 "best_round": int(best["round"]),
                 "final_accuracy": float(frame["pooled_accuracy"].iloc[-1]),
-                "last10_accuracy": float(frame["pooled_accuracy"].iloc[-10:].mean()),
+                "last10_accuracy": float(frame["pooled_accuracy"].iloc[-LAST_ROUNDS:].mean()),
             }
         )
     return pd.DataFrame(rows)
@@ -241,7 +244,7 @@ def paired_by_user(
     first: str,
     second: str,
     by: str = "tag",
-    last: int = 10,
+    last: int = LAST_ROUNDS,
 ) -> pd.DataFrame:
     """Two settings compared user by user, per seed both finished: each user's accuracy
     (its personal model as it stands, mean over draws and over the last `last`

@@ -85,7 +85,7 @@ class Learner:
     def _indices(self, user: int, round_: int) -> torch.Tensor:
         """The user's batches of the round: [steps, per_step, B]."""
         algorithm, cfg = self.algorithm, self.cfg
-        if cfg.steps_vary:
+        if cfg.local_epochs is not None:
             n = len(self.shards[user].y_train)
             return epoch_indices(cfg.seed, user, round_, n, cfg.local_epochs, cfg.batch_size)
         return round_indices(
@@ -151,8 +151,8 @@ class Learner:
                     visiting[user] = vector
                 else:
                     self.store.put(user, vector)
-        if steps is not None:  # back to the order asked for
-            back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
+        if self.cfg.steps_vary:  # back to the order asked for
+            back = torch.argsort(torch.tensor(order))
             models, losses = {k: v[back] for k, v in models.items()}, losses[back]
         return models, losses
 
