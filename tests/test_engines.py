@@ -61,15 +61,21 @@ def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28
     return make_engine(engine, algorithm, model, compile).run(server, x, y, states, steps)
 
 
+# Parameters: float32 rounding of batched against per-user products, grown over a few
+# steps with momentum, reaches 2e-6 on a weight near zero on some CPUs (AVX2 here); a
+# step's own size (lr x gradient, 5e-4 and more) is well above this.
+PARAMS_ATOL = 1e-5
+
+
 def _assert_close(got, expected):
     models, losses, states = got
     torch.testing.assert_close(losses, expected[1], rtol=1e-5, atol=1e-6)
     for k in expected[0]:
-        torch.testing.assert_close(models[k], expected[0][k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(models[k], expected[0][k], rtol=1e-4, atol=PARAMS_ATOL)
     assert (states is None) == (expected[2] is None)
     if states is not None:
         for k in expected[2]:
-            torch.testing.assert_close(states[k], expected[2][k], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(states[k], expected[2][k], rtol=1e-4, atol=PARAMS_ATOL)
 
 
 @pytest.mark.parametrize(("name", "values"), METHODS)
