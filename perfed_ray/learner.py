@@ -8,13 +8,14 @@ about Ray, so the same object runs inside an actor, in a test, or in a plain loo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch import nn
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.base import Algorithm, ModelOps
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
@@ -168,28 +169,35 @@ class Learner:
         return {u: v for u, v in found.items() if v is not None}
 
     def _score(
-        self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+        self, ops: ModelOps, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(accuracy, mean loss) on one user's test shard, padded to the block's
-        longest: `mask` marks the user's own samples."""
-        logits = self.ops.logits(params, x)
-        losses = nn.functional.cross_entropy(logits, y, reduction="none")
-        n = mask.sum()
-        hits = (logits.argmax(dim=1) == y).to(mask.dtype)
-        return (hits * mask).sum() / n, (losses * mask).sum() / n
+        """(accuracy, mean loss) on test shards padded to the block's longest, `mask`
+        marking each user's own samples: one user's (x [N, ...], under ``vmap``) or a
+        stacked block's (x [U, N, ...], one score per user)."""
+        logits = ops.logits(params, x)
+        losses = nn.functional.cross_entropy(
+            logits.flatten(0, -2), y.flatten(), reduction="none"
+        ).view_as(y)
+        n = mask.sum(-1)
+        hits = (logits.argmax(dim=-1) == y).to(mask.dtype)
+        return (hits * mask).sum(-1) / n, (losses * mask).sum(-1) / n
 
-    def _curve(self, server, state, x, y, x_test, y_test, mask, before):
-        """One user's scores before and after each personalisation step: [steps + 1];
-        `before` is the server's, the first score where personalisation starts there."""
+    def _curve(self, ops, server, state, x, y, x_test, y_test, mask, before):
+        """Scores before and after each personalisation step, [..., steps + 1]: one
+        user's (under ``vmap``) or a stacked block's, whose batches x come step-major
+        ([batches, U, B, ...]); `before` is the server's, the first score where
+        personalisation starts there."""
         per_step = self.algorithm.personalise_batches
-        personal = self.algorithm.personal_model(self.ops, server, state)
-        scores = [before if personal is server else self._score(personal, x_test, y_test, mask)]
+        personal = self.algorithm.personal_model(ops, server, state)
+        scores = [
+            before if personal is server else self._score(ops, personal, x_test, y_test, mask)
+        ]
         for step in range(self.cfg.personalise_steps):
             batches = [(x[step * per_step + j], y[step * per_step + j]) for j in range(per_step)]
-            personal = self.algorithm.personalise(self.ops, personal, state, batches)
-            scores.append(self._score(personal, x_test, y_test, mask))
+            personal = self.algorithm.personalise(ops, personal, state, batches)
+            scores.append(self._score(ops, personal, x_test, y_test, mask))
         accs, losses = zip(*scores, strict=True)
-        return torch.stack(accs), torch.stack(losses)
+        return torch.stack(accs, -1), torch.stack(losses, -1)
 
     def evaluate(self, server: Params, users: list[int], round_: int, draws: int) -> pa.Table:
         """Accuracy on the whole test shard of the server's model (`acc_before`), and of
@@ -198,9 +206,12 @@ class Learner:
         FedAvg) on fresh batches from the user's own data, once per independent draw. A
         user the method has no state for yet is personalised as a newcomer would be.
 
-        Users are scored in blocks under `vmap`, their test shards padded to the
-        block's longest; blocks gather users of similar test sizes, so a heavy-tailed
-        population (Synthetic's power law) pads little. The scores come as columns, one
+        Users are scored in blocks, their test shards padded to the block's longest;
+        blocks gather users of similar test sizes, so a heavy-tailed population
+        (Synthetic's power law) pads little. A block goes through the engine's own
+        stacked maths where it has them (fused, grouped: the same hand-written gradient
+        as training, and no `torch.func.grad`, whose first call imports all of
+        `torch._dynamo`, 1.4 s in each actor), else under `vmap`. The scores come as columns, one
         row per user and draw in (user, draw) order: a million users' evaluation stays
         a few arrays, never a million objects."""
         order = sorted(users, key=lambda u: len(self.shards[u].y_test))
@@ -236,13 +247,28 @@ class Learner:
             x_test[i, : len(s.y_test)] = s.x_test
             y_test[i, : len(s.y_test)] = s.y_test
             mask[i, : len(s.y_test)] = 1.0
-        before = torch.func.vmap(self._score, in_dims=(None, 0, 0, 0))(server, x_test, y_test, mask)
-        on_test = self.cfg.adapt_on == "test"
-        sources = [(s.x_test, s.y_test) if on_test else (s.x_train, s.y_train) for s in shards]
         states = stack([self._state(u, server) for u in users])
         batches = self.cfg.personalise_steps * self.algorithm.personalise_batches
         state_axis = None if states is None else 0
-        curve = torch.func.vmap(self._curve, in_dims=(None, state_axis, 0, 0, 0, 0, 0, 0))
+        stacked = self.engine.ops
+        if stacked is None:
+            score = partial(torch.func.vmap(self._score, in_dims=(None, None, 0, 0, 0)), self.ops)
+            curve = partial(
+                torch.func.vmap(self._curve, in_dims=(None, None, state_axis, 0, 0, 0, 0, 0, 0)),
+                self.ops,
+            )
+        else:  # the engine's maths for the whole block: no per-user autodiff
+            server = {k: v.expand(len(users), *v.shape) for k, v in server.items()}
+            score = partial(self._score, stacked)
+
+            def curve(server, states, x, y, *test):
+                return self._curve(
+                    stacked, server, states, x.transpose(0, 1), y.transpose(0, 1), *test
+                )
+
+        before = score(server, x_test, y_test, mask)
+        on_test = self.cfg.adapt_on == "test"
+        sources = [(s.x_test, s.y_test) if on_test else (s.x_train, s.y_train) for s in shards]
         fixed = {
             "user": np.array(users, dtype=np.int64),
             "group": np.array([s.group for s in shards], dtype=object),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from perfed_ray.algorithms.base import Algorithm, Batch
+from perfed_ray.algorithms.base import Algorithm, Batch, ModelOps
 from perfed_ray.algorithms.tree import Params
 
 Result = tuple[Params, torch.Tensor, Params | None]  # models [U, ...], losses [U], states
@@ -46,7 +46,14 @@ def unstack(tree: Params | None, n: int) -> list[Params | None]:
 
 
 class Engine:
-    """Runs one round of local work for the users an actor was sent."""
+    """Runs one round of local work for the users an actor was sent.
+
+    `ops` is the engine's own :class:`~perfed_ray.algorithms.base.ModelOps` for users
+    stacked along axis 0, where it has one (fused, grouped): evaluation then personalises
+    and scores a block of users with the same maths as training. None: the model's maths
+    by autodiff, one user at a time under ``vmap``."""
+
+    ops: ModelOps | None = None
 
     def __init__(self, algorithm: Algorithm, model: nn.Module, compile: bool = False) -> None:
         self.algorithm = algorithm

@@ -1,0 +1,73 @@
+"""Evaluation personalises and scores users with the maths of the engine that trained
+them: the fused and grouped engines' own stacked ops for a whole block (no per-user
+autodiff), any other engine one user at a time under `vmap`. Both give the same scores,
+for every method, to floating-point tolerance."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from test_engines import METHODS  # every method, a test plug-in's among them
+
+from perfed_ray.config import from_mapping
+from perfed_ray.learner import Learner
+from perfed_ray.models import initial_model, params_of
+from perfed_ray.runtime import simulation
+
+USERS = [0, 1, 2, 3, 4]
+ROUND = 2
+
+
+BASE = {"dataset": "gaussian", "n_users": len(USERS), "fraction": 1.0, "alpha": 0.05, "tau": 2}
+
+
+@functools.cache
+def _shards(model: str):
+    """The users' shards (they depend on the data set alone), made once per model."""
+    prepared = simulation.prepare(from_mapping({**BASE, "model": model}))
+    source = prepared.source(USERS)
+    return source, source.shards(USERS, torch.device("cpu"), prepared.data)
+
+
+def _scores(name: str, values: dict, engine: str, model: str = "mlp"):
+    """Every user's scores after one round of training on the sequential engine (so
+    stateful methods score their users' own states), evaluated with `engine`."""
+    cfg = from_mapping(
+        {**BASE, "model": model, "beta": 0.1, "personalise_steps": 2, "algorithm": name, **values}
+    )
+    source, shards = _shards(model)
+    server = params_of(initial_model(cfg, source))
+    trainer = Learner(cfg.replace(engine="sequential"), initial_model(cfg, source), shards)
+    trainer.train(server, USERS, ROUND)
+    learner = Learner(
+        cfg.replace(engine=engine), initial_model(cfg, source), shards, trainer.state_vectors()
+    )
+    assert (learner.engine.ops is None) == (engine == "vmap")
+    table = learner.evaluate(server, USERS, ROUND + 1, 2).to_pandas()
+    return table, np.stack(table["acc_steps"]), np.stack(table["loss_steps"])
+
+
+def _assert_same(got, expected):
+    table, accs, losses = got
+    then, then_accs, then_losses = expected
+    assert table[["user", "draw"]].equals(then[["user", "draw"]])
+    np.testing.assert_allclose(losses, then_losses, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(table["loss_before"], then["loss_before"], rtol=1e-5)
+    # An accuracy may flip by one test sample at most where logits nearly tie.
+    assert (np.abs(accs - then_accs) * table["n_test"].to_numpy()[:, None] <= 1 + 1e-9).all()
+
+
+@pytest.mark.parametrize(("name", "values"), METHODS)
+def test_the_fused_engines_evaluation_equals_vmaps(name, values):
+    _assert_same(_scores(name, values, "fused"), _scores(name, values, "vmap"))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "perfedavg-hf", "fedrep", "apfl"])
+def test_the_grouped_engines_evaluation_equals_vmaps(name):
+    values = {"tau": 3} if name == "fedrep" else {}
+    _assert_same(
+        _scores(name, values, "grouped", model="cnn"), _scores(name, values, "vmap", model="cnn")
+    )
