@@ -66,9 +66,8 @@ def test_users_are_drawn_in_proportion_to_their_samples():
     counts = Counter(u for r in range(400) for u in strategy.sample(r))
     assert counts[3] > 360  # p = 0.97
     assert strategy.sample(5) == Strategy(cfg, sizes).sample(5)  # the round's own stream
-    uniform = Counter(
-        u for r in range(400) for u in Strategy(cfg.replace(sampling="uniform")).sample(r)
-    )
+    uniformly = Strategy(cfg.replace(sampling="uniform"))
+    uniform = Counter(u for r in range(400) for u in uniformly.sample(r))
     assert uniform[3] < 140
     with pytest.raises(ValueError, match="training sizes"):
         Strategy(cfg).sample(0)
