@@ -33,6 +33,36 @@ def is_dotted(name: str) -> bool:
     return bool(_DOTTED.match(name))
 
 
+_FOUND: dict[tuple, dict[str, dict[str, str]]] = {}  # where packages are -> group -> names
+
+
+def _where_packages_are() -> tuple:
+    """The import path and each folder's modification time: installing or removing a
+    package adds or removes a ``*.dist-info`` folder in one of them, which changes it."""
+    times = []
+    for entry in sys.path:
+        try:
+            times.append(os.stat(entry or ".").st_mtime_ns)
+        except OSError:
+            times.append(None)
+    return tuple(sys.path), tuple(times)
+
+
+def entry_points(group: str) -> dict[str, str]:
+    """Installed packages' registrations under `group`, name -> "module:attribute".
+    Reading them scans every installed package's metadata (milliseconds, and a
+    configuration with method settings asks three registries), so they are kept until
+    the import path or a folder on it changes."""
+    key = _where_packages_are()
+    if key not in _FOUND:
+        _FOUND.clear()
+        _FOUND[key] = {}
+    found = _FOUND[key]
+    if group not in found:
+        found[group] = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
+    return found[group]
+
+
 def import_object(path: str) -> Any:
     """The object a ``module:attribute`` path names; ConfigError with the reason if not.
     The current directory is searched too, as `python -m` would (the `perfed-ray`
@@ -83,7 +113,7 @@ class Registry:
     def _entry_points(self) -> dict[str, str]:
         if not self.group:
             return {}
-        return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=self.group)}
+        return entry_points(self.group)
 
     def names(self) -> list[str]:
         """Every registered name: built-in ones first, then installed packages'."""

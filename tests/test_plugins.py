@@ -100,6 +100,9 @@ def test_unknown_names_and_bad_paths_are_one_line_errors(on_path):
 
 
 def test_an_entry_point_registers_a_name(on_path, monkeypatch):
+    """Installed after the registry last looked (entry points are kept until a folder
+    on the import path changes), it is found all the same."""
+    assert "reptile" not in ALGORITHMS.names()
     dist = on_path / "reptile_fl-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reptile-fl\nVersion: 0.1\n")
