@@ -22,7 +22,7 @@ from perfed_ray.data import Shard
 from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
 from perfed_ray.engines import make_engine
-from perfed_ray.engines.base import stack, unstack
+from perfed_ray.engines.base import per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams, params_of
 from perfed_ray.registry import ALGORITHMS
@@ -211,9 +211,9 @@ class Learner:
         (Synthetic's power law) pads little. A block goes through the engine's own
         stacked maths where it has them (fused, grouped: the same hand-written gradient
         as training, and no `torch.func.grad`, whose first call imports all of
-        `torch._dynamo`, 1.4 s in each actor), else under `vmap`. The scores come as columns, one
-        row per user and draw in (user, draw) order: a million users' evaluation stays
-        a few arrays, never a million objects."""
+        `torch._dynamo`, 1.4 s in each actor), else under `vmap`. The scores come as
+        columns, one row per user and draw in (user, draw) order: a million users'
+        evaluation stays a few arrays, never a million objects."""
         order = sorted(users, key=lambda u: len(self.shards[u].y_test))
         parts: list[dict[str, np.ndarray]] = []
         block: list[int] = []
@@ -258,7 +258,7 @@ class Learner:
                 self.ops,
             )
         else:  # the engine's maths for the whole block: no per-user autodiff
-            server = {k: v.expand(len(users), *v.shape) for k, v in server.items()}
+            server = per_user_copies(server, len(users))
             score = partial(self._score, stacked)
 
             def curve(server, states, x, y, *test):

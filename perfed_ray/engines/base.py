@@ -31,6 +31,12 @@ def steps_of(x: torch.Tensor, y: torch.Tensor, axis: int = 0) -> list[list[Batch
     ]
 
 
+def per_user_copies(server: Params, n: int) -> Params:
+    """The server's model once for each of a block's n users, stacked along a new axis 0
+    (copied, not broadcast: a step writes each user's own)."""
+    return {k: v.expand(n, *v.shape).contiguous() for k, v in server.items()}
+
+
 def stack(trees: Sequence[Params | None]) -> Params | None:
     """Per-user trees stacked along a new leading axis (None for stateless users)."""
     if trees[0] is None:

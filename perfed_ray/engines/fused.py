@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from perfed_ray.algorithms.base import client_update
-from perfed_ray.engines.base import Engine, Result, active_steps, steps_of
+from perfed_ray.engines.base import Engine, Result, active_steps, per_user_copies, steps_of
 from perfed_ray.engines.stacked import StackedOps, chain_of
 
 BLOCK = 16
@@ -54,7 +54,7 @@ class Fused(Engine):
         """One block; with `steps`, only as many of the T steps as its busiest user takes
         (users sorted by their steps make blocks of like users), the rest masked."""
         n = len(x)
-        stacked = {k: v.expand(n, *v.shape).contiguous() for k, v in server.items()}
+        stacked = per_user_copies(server, n)
         active = None
         if steps is not None:
             longest = int(steps.max())
