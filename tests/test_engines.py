@@ -147,6 +147,16 @@ def test_fused_runs_more_users_than_a_block_in_blocks():
     )
 
 
+def test_fused_blocks_are_small_on_a_cpu_and_bounded_by_bytes_elsewhere():
+    """On an accelerator (`meta` stands in: CI has no GPU) one block takes as many
+    users as GPU_BLOCK_BYTES of stacked weights hold, never fewer than a CPU's."""
+    from perfed_ray.engines.fused import BLOCK, GPU_BLOCK_BYTES, block_size
+
+    assert block_size({"w": torch.zeros(1000)}) == BLOCK
+    assert block_size({"w": torch.empty(1000, device="meta")}) == GPU_BLOCK_BYTES // 4000
+    assert block_size({"w": torch.empty(2**28, device="meta")}) == BLOCK
+
+
 @pytest.mark.slow
 def test_compiled_fused_matches_sequential_for_several_block_sizes(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
