@@ -83,23 +83,6 @@ class Learner:
         saved = visiting[user] if visiting and user in visiting else self.store.get(user)
         return initial if saved is None else self.state_layout.unflatten(saved, self.device)
 
-    def _indices(self, user: int, round_: int) -> torch.Tensor:
-        """The user's batches of the round: [steps, per_step, B]."""
-        algorithm, cfg = self.algorithm, self.cfg
-        if cfg.local_epochs is not None:
-            n = len(self.shards[user].y_train)
-            return epoch_indices(cfg.seed, user, round_, n, cfg.local_epochs, cfg.batch_size)
-        return round_indices(
-            self.cfg.seed,
-            user,
-            round_,
-            len(self.shards[user].y_train),
-            self.cfg.tau,
-            algorithm.batches_per_step,
-            self.cfg.batch_size,
-            algorithm.draws_per_step,
-        )
-
     def block_batches(
         self, users: list[int], round_: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -108,21 +91,39 @@ class Learner:
         of steps (None: all take tau). With `local_epochs` users take different numbers
         of steps: T is the most, and a user's steps past its own repeat its first batch
         (masked by the engine)."""
-        first = self.shards[users[0]]
-        idx = [self._indices(u, round_) for u in users]
-        steps = torch.tensor([len(i) for i in idx])
-        longest = int(steps.max())
-        shape = (len(users), longest, *idx[0].shape[1:])
+        first, cfg, algorithm = self.shards[users[0]], self.cfg, self.algorithm
+        sizes = [self.n_train(u) for u in users]
+        if cfg.local_epochs is None:  # one call for every user's indices
+            index = round_indices(
+                cfg.seed,
+                users,
+                round_,
+                sizes,
+                cfg.tau,
+                algorithm.batches_per_step,
+                cfg.batch_size,
+                algorithm.draws_per_step,
+            )
+            steps = torch.full((len(users),), cfg.tau)
+        else:
+            idx = [
+                epoch_indices(cfg.seed, u, round_, n, cfg.local_epochs, cfg.batch_size)
+                for u, n in zip(users, sizes, strict=True)
+            ]
+            steps = torch.tensor([len(i) for i in idx])
+            longest = int(steps.max())
+            index = torch.stack(
+                [torch.cat([i, i[:1].expand(longest - len(i), *i.shape[1:])]) for i in idx]
+            )
+        index = index.to(self.device)  # one transfer of every user's indices
+        shape = index.shape
         x = torch.empty(
             *shape, *first.x_train.shape[1:], dtype=first.x_train.dtype, device=self.device
         )
         y = torch.empty(*shape, dtype=first.y_train.dtype, device=self.device)
-        for i, (u, index) in enumerate(zip(users, idx, strict=True)):
-            own = len(index)
-            if own < longest:
-                index = torch.cat([index, index[:1].expand(longest - own, *index.shape[1:])])
-            gather(self.shards[u].x_train, index, out=x[i])
-            gather(self.shards[u].y_train, index, out=y[i])
+        for i, (u, own) in enumerate(zip(users, steps.tolist(), strict=True)):
+            gather(self.shards[u].x_train, index[i], out=x[i])
+            gather(self.shards[u].y_train, index[i], out=y[i])
             if self.augment is not None:  # the user's own steps; the rest are masked
                 gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_)
                 x[i, :own] = self.augment(x[i, :own], gen)

@@ -31,15 +31,16 @@ class Stream(enum.IntEnum):
     AUGMENTATION = 11
 
 
-def _state(seed: int, stream: Stream, *keys: int) -> int:
+def stream_seed(seed: int, stream: Stream, *keys: int) -> int:
+    """The 32-bit seed of the stream keyed (seed, stream, *keys)."""
     return int(np.random.SeedSequence([seed, int(stream), *keys]).generate_state(1)[0])
 
 
 def numpy_rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
     """A NumPy generator for driver-side draws (partition, user sampling, data)."""
-    return np.random.default_rng(_state(seed, stream, *keys))
+    return np.random.default_rng(stream_seed(seed, stream, *keys))
 
 
 def torch_generator(seed: int, stream: Stream, *keys: int) -> torch.Generator:
     """A CPU torch generator for a user's draws (batches) in one round or evaluation."""
-    return torch.Generator().manual_seed(_state(seed, stream, *keys))
+    return torch.Generator().manual_seed(stream_seed(seed, stream, *keys))

@@ -8,9 +8,13 @@ with `index_select` (a tenth of the time of fancy indexing).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
-from perfed_ray.seeding import Stream, torch_generator
+from perfed_ray.data.permutations import randperm_heads
+from perfed_ray.seeding import Stream, stream_seed, torch_generator
 
 
 def draw(n: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -37,20 +41,28 @@ def gather(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) 
 
 def round_indices(
     seed: int,
-    user: int,
+    users: Sequence[int],
     round_: int,
-    n: int,
+    sizes: Sequence[int],
     tau: int,
     per_step: int,
     batch_size: int,
     drawn: int | None = None,
 ) -> torch.Tensor:
-    """Fresh batches for each of the tau steps of a round: [tau, per_step, B]; the
-    stream draws `drawn` (>= per_step) batches a step, of which the first are used."""
+    """Fresh batches for each of the tau steps of a round, for users holding `sizes`
+    samples: [U, tau, per_step, B]. A user's stream draws `drawn` (>= per_step) batches
+    a step, of which the first are used; each batch is the one :func:`draw` draws from
+    the user's generator, computed for all the users at once
+    (:mod:`perfed_ray.data.permutations`)."""
     drawn = drawn or per_step
-    gen = torch_generator(seed, Stream.LOCAL_TRAINING, user, round_)
-    idx = torch.stack([draw(n, batch_size, gen) for _ in range(tau * drawn)])
-    return idx.view(tau, drawn, -1)[:, :per_step]
+    batches = tau * drawn
+    seeds = [stream_seed(seed, Stream.LOCAL_TRAINING, u, round_) for u in users]
+    laps = [-(-batch_size // n) for n in sizes]  # permutations a batch: 1 unless n < B
+    heads = randperm_heads(
+        seeds, sizes, [batches * k for k in laps], [min(n, batch_size) for n in sizes]
+    )
+    idx = np.stack([h.reshape(batches, -1)[:, :batch_size] for h in heads])
+    return torch.from_numpy(idx).view(len(users), tau, drawn, batch_size)[:, :, :per_step]
 
 
 def epoch_indices(
