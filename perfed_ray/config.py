@@ -295,7 +295,7 @@ class RunConfig:
     num_gpus_per_actor: float | None = _opt(
         None,
         "GPUs each actor asks Ray for (fractions allowed); auto: the cluster's GPUs "
-        "shared among the actors, at most 1, or 0 without GPUs",
+        "shared among the actors, at most 1, or 0 without GPUs (at most 4 actors a GPU)",
         low=0,
         auto=True,
     )

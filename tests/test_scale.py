@@ -20,8 +20,15 @@ def test_auto_placement_sizes_the_pool_from_the_cluster():
     p = plan(cfg, [{"CPU": 2.0}])
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (2, 1.0, 0.0)
     assert [len(b) for b in p.blocks] == [5000, 5000]
+    # At most 4 actors share a GPU where both requests are auto (GPU time-slicing).
     p = plan(cfg, [{"CPU": 16.0, "GPU": 2.0}])
-    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (16, 1.0, 0.125)
+    assert (len(p.blocks), p.num_cpus, p.num_gpus) == (8, 1.0, 0.25)
+    p = plan(cfg, [{"CPU": 16.0, "GPU": 0.5}])  # a sweep trial's share of a GPU
+    assert (len(p.blocks), p.num_gpus) == (2, 0.25)
+    p = plan(cfg.replace(num_gpus_per_actor=0.125), [{"CPU": 16.0, "GPU": 2.0}])
+    assert (len(p.blocks), p.num_gpus) == (16, 0.125)
+    p = plan(cfg.replace(num_cpus_per_actor=1.0), [{"CPU": 16.0, "GPU": 2.0}])
+    assert (len(p.blocks), p.num_gpus) == (16, 0.125)
     p = plan(cfg.replace(num_gpus_per_actor=0.5), [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_gpus) == (4, 0.5)
     p = plan(cfg.replace(num_cpus_per_actor=0.25), [{"CPU": 2.0}])

@@ -77,6 +77,7 @@ def spread(n_users: int, n_actors: int) -> list[range]:
     return [range(bounds[i], bounds[i + 1]) for i in range(n_actors)]
 
 
+ACTORS_PER_GPU = 4  # at most, where requests are auto: see plan
 Nodes = list[dict[str, float]]  # each alive node's resources, as ray.nodes() lists them
 
 
@@ -102,12 +103,19 @@ def plan(cfg: RunConfig, nodes: Nodes) -> Placement:
     actors hold their shards for the whole run and must never wait to be
     scheduled. Ray packs fractional GPU requests onto one GPU before the next,
     so equal shares that fill the cluster put actors on every GPU.
+
+    With GPUs and both requests `auto`, at most ACTORS_PER_GPU actors share a GPU: a
+    GPU runs one process's kernels at a time unless MPS is on, and on an H100, HF's
+    1000 users a round ran at 55,000 user-steps/s with 16 actors on it, 92,000 with 4
+    (BENCHMARKS.md, GPU). A configured share sets the count instead.
     """
     cpus, gpus = capacity(cfg, nodes)
     if cfg.users_per_actor is None:
         n = _fits(cpus or 1.0, cfg.num_cpus_per_actor or 1.0)
         if cfg.num_gpus_per_actor:
             n = min(n, _fits(gpus, cfg.num_gpus_per_actor))
+        elif gpus and cfg.num_gpus_per_actor is None and cfg.num_cpus_per_actor is None:
+            n = min(n, max(1, math.floor(ACTORS_PER_GPU * gpus + 1e-9)))
         blocks = spread(cfg.n_users, n)
     else:
         k = cfg.users_per_actor
