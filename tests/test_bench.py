@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
@@ -40,6 +41,19 @@ def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
         assert {"loop, 1 thread", "fused, 1 thread", "ray fused"} <= set(engines["mode"])
     else:
         assert rows["seconds_per_round"].iloc[0] > 0
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(tmp_path):
+    rows, _ = _smoke("gpu", tmp_path)
+    assert set(rows["device"]) == {"cuda" if torch.cuda.is_available() else "cpu"}
+    mnist, cnn = rows[rows["kind"] == "mnist"], rows[rows["kind"] == "cnn"]
+    assert {"loop, one process", "fused, one process", "ray fused, default placement"} == set(
+        mnist["mode"]
+    )
+    assert (mnist["user_steps_per_second"] > 0).all() and set(mnist["users_per_round"]) == {4, 10}
+    assert {"sequential", "vmap", "grouped"} == set(cnn["mode"])
+    assert cnn.groupby("algorithm")["chosen"].sum().eq(1).all()  # auto picks one engine
 
 
 @pytest.mark.slow

@@ -83,23 +83,26 @@ def label(engine: str, compile_: bool) -> str:
 
 
 def in_process(
-    cfg, prepared, engine: str, compile_: bool, threads: int, rounds: int
+    cfg, prepared, engine: str, compile_: bool, threads: int, rounds: int, device: str = "cpu"
 ) -> list[float]:
     """Seconds per round of one process training each round's users in one engine call
-    and averaging them (no Ray); the first round is dropped (compilation)."""
+    on `device` and averaging them (no Ray); the first round is dropped (compilation).
+    The averaged weights come back to the CPU each round, as they would to the driver,
+    so a GPU's queued work is done when the clock stops."""
     torch.set_num_threads(threads)
-    model = simulation.initial_model(cfg, prepared.source([]))
+    model = simulation.initial_model(cfg, prepared.source([])).to(device)
     users = list(range(cfg.n_users))
-    shards = prepared.source(users).shards(users, torch.device("cpu"), prepared.data)
+    shards = prepared.source(users).shards(users, torch.device(device), prepared.data)
     learner = Learner(cfg.replace(engine=engine, compile=compile_), model, shards)
     flat, strategy = FlatParams(params_of(model)), Strategy(cfg)
     weights = flat.flatten(params_of(model))
     seconds = []
     for round_ in range(1, rounds + 2):
-        start = time.perf_counter()
-        models, _ = learner.train(flat.unflatten(weights), strategy.sample(round_), round_)
+        clock = time.perf_counter()
+        server = flat.unflatten(weights, device)
+        models, _ = learner.train(server, strategy.sample(round_), round_)
         weights = flat.flatten({k: v.mean(0) for k, v in models.items()})
-        seconds.append(time.perf_counter() - start)
+        seconds.append(time.perf_counter() - clock)
     return seconds[1:]
 
 

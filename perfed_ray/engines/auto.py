@@ -135,8 +135,10 @@ def measured_steps(cfg: RunConfig) -> int:
     return min(cfg.tau if cfg.local_epochs is None else cfg.local_epochs, MEASURED_STEPS)
 
 
-def measure(cfg: RunConfig, model: nn.Module, work: Workload) -> dict[str, float]:
-    """Seconds of a round of `work`'s users (at most MEASURED_USERS) under each
+def measure(
+    cfg: RunConfig, model: nn.Module, work: Workload, most: int = MEASURED_USERS
+) -> dict[str, float]:
+    """Seconds of a round of `work`'s users (at most `most`) under each
     candidate engine: a warm-up turn with one user (first calls pay one-off costs),
     then turns in alternation until BUDGET seconds have passed since the start (one at
     least), the best of each kept. Random inputs: an engine's speed depends on shapes,
@@ -145,7 +147,7 @@ def measure(cfg: RunConfig, model: nn.Module, work: Workload) -> dict[str, float
     model = copy.deepcopy(model).to(device)
     algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
     server = params_of(model)
-    users = min(work.users, MEASURED_USERS)
+    users = min(work.users, most)
     shape = (users, measured_steps(cfg), algorithm.batches_per_step, cfg.batch_size)
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(*shape, math.prod(work.input_shape), generator=gen).to(device)
