@@ -103,6 +103,7 @@ class Learner:
                 algorithm.batches_per_step,
                 cfg.batch_size,
                 algorithm.draws_per_step,
+                self.device,
             )
             steps = torch.full((len(users),), cfg.tau)
         else:
@@ -114,8 +115,7 @@ class Learner:
             longest = int(steps.max())
             index = torch.stack(
                 [torch.cat([i, i[:1].expand(longest - len(i), *i.shape[1:])]) for i in idx]
-            )
-        index = index.to(self.device)  # one transfer of every user's indices
+            ).to(self.device)  # one transfer of every user's indices
         shape = index.shape
         x = torch.empty(
             *shape, *first.x_train.shape[1:], dtype=first.x_train.dtype, device=self.device

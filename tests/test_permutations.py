@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from perfed_ray.data import permutations
 from perfed_ray.data.batches import draw, round_indices
-from perfed_ray.data.permutations import randperm_heads
+from perfed_ray.data.permutations import randperm_batches
 from perfed_ray.seeding import Stream, torch_generator
 
 
-def _torch_heads(seed: int, n: int, count: int, length: int) -> np.ndarray:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randperm(n, generator=gen)[:length] for _ in range(count)]).numpy()
-
-
 @pytest.mark.parametrize("chunk", [permutations.CHUNK, 7])  # one chunk; a chunk per generator
-def test_heads_equal_torch_randperm(monkeypatch, chunk):
+def test_batches_equal_torch_randperms(monkeypatch, chunk):
+    """Heads of torch.randperm, and for n below the batch size several end to end."""
     monkeypatch.setattr(permutations, "CHUNK", chunk)
     seeds = [0, 1, 2**32 - 1, 123_456_789, 42, 7]
     sizes = [1, 2, 60, 1000, 40, 3]
-    counts = [3, 5, 30, 4, 2, 9]
-    length = [1, 2, 40, 40, 40, 3]
-    heads = randperm_heads(seeds, sizes, counts, length)
-    for h, s, n, k, m in zip(heads, seeds, sizes, counts, length, strict=True):
-        np.testing.assert_array_equal(h, _torch_heads(s, n, k, m))
+    got = randperm_batches(seeds, sizes, batches=4, batch_size=40)
+    assert got.shape == (len(seeds), 4, 40) and got.dtype == torch.int64
+    for batches, seed, n in zip(got, seeds, sizes, strict=True):
+        gen = torch.Generator().manual_seed(seed)
+        want = torch.stack([draw(n, 40, gen) for _ in range(4)])
+        assert torch.equal(batches, want)
+    gen = torch.Generator().manual_seed(1000)  # and draw() is torch.randperm's head
+    assert torch.equal(
+        draw(60, 40, gen), torch.randperm(60, generator=torch.Generator().manual_seed(1000))[:40]
+    )
 
 
 def test_round_indices_are_each_users_draws():
@@ -42,4 +42,4 @@ def test_round_indices_are_each_users_draws():
 
 def test_sizes_outside_torchs_shuffle_are_refused():
     with pytest.raises(ValueError, match="outside"):
-        randperm_heads([0], [0], [1], [1])
+        randperm_batches([0], [0], 1, 1)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from perfed_ray.data.permutations import randperm_heads
+from perfed_ray.data.permutations import randperm_batches
 from perfed_ray.seeding import Stream, stream_seed, torch_generator
 
 
@@ -48,21 +47,17 @@ def round_indices(
     per_step: int,
     batch_size: int,
     drawn: int | None = None,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Fresh batches for each of the tau steps of a round, for users holding `sizes`
-    samples: [U, tau, per_step, B]. A user's stream draws `drawn` (>= per_step) batches
-    a step, of which the first are used; each batch is the one :func:`draw` draws from
-    the user's generator, computed for all the users at once
+    samples: [U, tau, per_step, B] on `device`. A user's stream draws `drawn`
+    (>= per_step) batches a step, of which the first are used; each batch is the one
+    :func:`draw` draws from the user's generator, computed for all the users at once
     (:mod:`perfed_ray.data.permutations`)."""
     drawn = drawn or per_step
-    batches = tau * drawn
     seeds = [stream_seed(seed, Stream.LOCAL_TRAINING, u, round_) for u in users]
-    laps = [-(-batch_size // n) for n in sizes]  # permutations a batch: 1 unless n < B
-    heads = randperm_heads(
-        seeds, sizes, [batches * k for k in laps], [min(n, batch_size) for n in sizes]
-    )
-    idx = np.stack([h.reshape(batches, -1)[:, :batch_size] for h in heads])
-    return torch.from_numpy(idx).view(len(users), tau, drawn, batch_size)[:, :, :per_step]
+    idx = randperm_batches(seeds, sizes, tau * drawn, batch_size, device)
+    return idx.view(len(users), tau, drawn, batch_size)[:, :, :per_step]
 
 
 def epoch_indices(

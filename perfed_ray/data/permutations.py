@@ -12,7 +12,8 @@ Fisher-Yates shuffle: for i = 0 .. n - 2 it swaps positions i and i + (w mod (n 
 w the generator's next 32-bit word. So a generator's words come from NumPy's
 `MT19937`, and the shuffles of every permutation run side by side, one vectorised swap
 per position, stopping where the heads asked for are final (a forward shuffle fixes
-position i at step i) though each permutation still consumes its n - 1 words.
+position i at step i) though each permutation still consumes its n - 1 words. The
+shuffles run where the batches are gathered, on the actor's device.
 `tests/test_permutations.py` checks the result against `torch.randperm` itself.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 TORCH_SHUFFLE_MAX = 2**32 // 20  # randperm's 32-bit Fisher-Yates below this n
 CHUNK = 2**24  # entries of the permutations shuffled at once (int32: 64 MB)
@@ -34,55 +36,78 @@ def mt19937_words(bits: np.random.MT19937, seed: int, count: int) -> np.ndarray:
     return bits.random_raw(count).astype(np.int64)
 
 
-def randperm_heads(
-    seeds: Sequence[int], sizes: Sequence[int], counts: Sequence[int], length: Sequence[int]
-) -> list[np.ndarray]:
-    """For each generator j, seeded seeds[j]: the first length[j] entries of each of
-    counts[j] successive torch.randperm(sizes[j]) drawn from it, [counts[j], length[j]]
-    int64. Generators are shuffled in chunks of about CHUNK entries."""
+def randperm_batches(
+    seeds: Sequence[int],
+    sizes: Sequence[int],
+    batches: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """For each generator j, seeded seeds[j]: `batches` successive batches of
+    :func:`perfed_ray.data.batches.draw` from range(sizes[j]), [G, batches, batch_size]
+    int64 on `device`. A batch is the head of one torch.randperm, or, where n is below
+    the batch size, of ceil(B / n) of them end to end. The words come from the CPU; the
+    shuffles and the gathering of heads run on `device`, in chunks of about CHUNK
+    entries (on a GPU: a few hundred small kernels a chunk, whatever its users)."""
     for n in sizes:
         if not 1 <= n < TORCH_SHUFFLE_MAX:
-            raise ValueError(f"randperm_heads: n = {n} outside [1, {TORCH_SHUFFLE_MAX})")
-    heads: list[np.ndarray] = []
-    start = 0
+            raise ValueError(f"randperm_batches: n = {n} outside [1, {TORCH_SHUFFLE_MAX})")
+    laps = [-(-batch_size // n) for n in sizes]  # permutations a batch: 1 unless n < B
+    parts, start = [], 0
     while start < len(seeds):
         stop, width, rows = start, 0, 0
         while stop < len(seeds):
-            wider, more = max(width, sizes[stop]), rows + counts[stop]
+            wider, more = max(width, sizes[stop]), rows + batches * laps[stop]
             if stop > start and wider * more > CHUNK:
                 break
             width, rows, stop = wider, more, stop + 1
-        heads += _shuffle(
-            seeds[start:stop], sizes[start:stop], counts[start:stop], length[start:stop], width
+        chunk = slice(start, stop)
+        perms = _shuffle(
+            seeds[chunk], sizes[chunk], laps[chunk], batches, batch_size, width, device
         )
+        parts.append(_heads(perms, sizes[chunk], laps[chunk], batches, batch_size))
         start = stop
-    return heads
+    return torch.cat(parts)
 
 
-def _shuffle(seeds, sizes, counts, length, width: int) -> list[np.ndarray]:
-    """randperm_heads for generators whose permutations fit one [rows, width] array."""
-    steps = [min(h, n - 1) for h, n in zip(length, sizes, strict=True)]
+def _shuffle(seeds, sizes, laps, batches: int, batch_size: int, width: int, device):
+    """Every permutation of a chunk's generators (batches x laps each), as far as its
+    batches' heads go, one row each: [rows, width] int32 on `device`."""
+    counts = [batches * k for k in laps]
+    steps = [min(batch_size, n - 1) for n in sizes]  # heads longer than n: all of it
     rows, most = sum(counts), max(steps)
-    words = np.zeros((rows, most), np.int64)
+    words = np.zeros((most, rows), np.int64)  # step-major: a step's words are contiguous
     bits, row = np.random.MT19937(0), 0
     for seed, n, k, s in zip(seeds, sizes, counts, steps, strict=True):
         if s:
             drawn = mt19937_words(bits, seed, k * (n - 1)).reshape(k, n - 1)
-            words[row : row + k, :s] = drawn[:, :s]
+            words[:s, row : row + k] = drawn[:, :s].T
         row += k
     # Rows past their own steps draw words of 0: they swap position i with itself.
-    n_rows = np.repeat(np.asarray(sizes, np.int64), counts)
-    perm = np.broadcast_to(np.arange(width, dtype=np.int32), (rows, width)).copy()
-    flat, by_step = perm.reshape(-1), np.ascontiguousarray(words.T)
-    first = np.arange(rows, dtype=np.int64) * width
+    by_step = torch.from_numpy(words).to(device)
+    n_rows = torch.from_numpy(np.repeat(np.asarray(sizes, np.int64), counts)).to(device)
+    flat = torch.arange(width, dtype=torch.int32, device=device).repeat(rows)
+    first = torch.arange(rows, device=device) * width
     for i in range(most):
         here = first + i
-        other = here + by_step[i] % np.maximum(n_rows - i, 1)
+        other = here + by_step[i] % (n_rows - i).clamp_min(1)
         moved = flat[here]
         flat[here] = flat[other]
         flat[other] = moved
-    heads, row = [], 0
-    for n, k, h in zip(sizes, counts, length, strict=True):
-        heads.append(perm[row : row + k, : min(h, n)].astype(np.int64))
-        row += k
-    return heads
+    return flat.view(rows, width)
+
+
+def _heads(perms: torch.Tensor, sizes, laps, batches: int, batch_size: int) -> torch.Tensor:
+    """The chunk's batches, [G, batches, B], gathered from its permutations in one
+    indexing: entry j of a batch is entry j mod n of the batch's (j div n)-th lap."""
+    device, width = perms.device, perms.shape[1]
+
+    def column(values) -> torch.Tensor:  # one value a generator, broadcast over [b, j]
+        return torch.tensor(list(values), device=device)[:, None, None]
+
+    first_row = column(np.cumsum([0, *(batches * k for k in laps[:-1])]))
+    n, k = column(sizes), column(laps)
+    b = torch.arange(batches, device=device)[None, :, None]
+    j = torch.arange(batch_size, device=device)[None, None, :]
+    at = (first_row + b * k + j // n) * width + j % n
+    return perms.view(-1)[at].long()
