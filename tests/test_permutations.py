@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perfed_ray.data import permutations
+from perfed_ray.data import batches, permutations
 from perfed_ray.data.batches import draw, round_indices
 from perfed_ray.data.permutations import randperm_batches
 from perfed_ray.seeding import Stream, torch_generator
@@ -19,17 +19,21 @@ def test_batches_equal_torch_randperms(monkeypatch, chunk):
     sizes = [1, 2, 60, 1000, 40, 3]
     got = randperm_batches(seeds, sizes, batches=4, batch_size=40)
     assert got.shape == (len(seeds), 4, 40) and got.dtype == torch.int64
-    for batches, seed, n in zip(got, seeds, sizes, strict=True):
+    for drawn, seed, n in zip(got, seeds, sizes, strict=True):
         gen = torch.Generator().manual_seed(seed)
         want = torch.stack([draw(n, 40, gen) for _ in range(4)])
-        assert torch.equal(batches, want)
+        assert torch.equal(drawn, want)
     gen = torch.Generator().manual_seed(1000)  # and draw() is torch.randperm's head
     assert torch.equal(
         draw(60, 40, gen), torch.randperm(60, generator=torch.Generator().manual_seed(1000))[:40]
     )
 
 
-def test_round_indices_are_each_users_draws():
+@pytest.mark.parametrize("bulk", [True, False])
+def test_round_indices_are_each_users_draws(monkeypatch, bulk):
+    """Both ways to a round's indices: the bulk shuffle, or on a CPU for few batches
+    torch.randperm itself."""
+    monkeypatch.setattr(batches, "BULK_BATCHES", 0 if bulk else 10**9)
     users, sizes = [3, 0, 11, 5], [60, 7, 1200, 40]  # one user smaller than a batch
     tau, per_step, drawn, batch = 3, 2, 3, 10
     got = round_indices(5, users, 4, sizes, tau, per_step, batch, drawn)
