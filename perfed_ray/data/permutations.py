@@ -4,7 +4,10 @@ A user's batches are the heads of permutations drawn by `torch.randperm` from th
 user's own generator (:mod:`perfed_ray.data.batches`). One call per batch costs about
 6 microseconds of dispatch for a few dozen swaps: thirty calls a user (HF's tau = 10
 steps of three batches) made a GPU wait 300 ms for 1000 users' indices while their
-arithmetic took 50 ms. Here the same permutations come out of NumPy in bulk.
+arithmetic took 50 ms. Here the same permutations come in bulk: every generator's
+words from NumPy, every shuffle at once in a few hundred array operations. That fixed
+cost pays from a few hundred batches a round on a CPU (below, :mod:`batches` calls
+torch.randperm itself) and always on a GPU.
 
 torch's CPU generator is the 32-bit Mersenne Twister seeded as NumPy's legacy
 `RandomState` seeds it, and for n below 2^32 / 20 `randperm` is a forward
@@ -43,7 +46,8 @@ def randperm_batches(
     batch_size: int,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """For each generator j, seeded seeds[j]: `batches` successive batches of
+    """For each generator j, seeded seeds[j] (below 2^32, as
+    :func:`perfed_ray.seeding.stream_seed` makes them): `batches` successive batches of
     :func:`perfed_ray.data.batches.draw` from range(sizes[j]), [G, batches, batch_size]
     int64 on `device`. A batch is the head of one torch.randperm, or, where n is below
     the batch size, of ceil(B / n) of them end to end. The words come from the CPU; the
