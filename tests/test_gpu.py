@@ -1,0 +1,49 @@
+"""On a GPU (skipped where there is none, as in CI): a round's batches are the CPU's,
+to the bit, and its local updates the CPU's to float tolerance, for each engine that
+runs there. The GPU runs its own paths: the bulk shuffle for every round, one block of
+all users in the fused engine, the grouped convolution for the CNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perfed_ray.config import from_mapping
+from perfed_ray.learner import Learner
+from perfed_ray.models import params_of
+from perfed_ray.runtime import simulation
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _round(cfg, prepared, device: str, users: list[int]):
+    """Round 3's batches and local updates of `users`, on `device`."""
+    model = simulation.initial_model(cfg, prepared.source([])).to(device)
+    shards = prepared.source(users).shards(users, torch.device(device), prepared.data)
+    learner = Learner(cfg, model, shards)
+    x, _, _ = learner.block_batches(users, 3)
+    models, losses = learner.train(params_of(model), users, 3)
+    return x.cpu(), {k: v.cpu() for k, v in models.items()}, losses.cpu()
+
+
+@pytest.mark.parametrize(
+    ("values", "users"),
+    [
+        ({"algorithm": "fedavg", "engine": "fused"}, 4),  # the CPU draws with randperm
+        ({"algorithm": "perfedavg-hf", "engine": "fused"}, 24),  # both shuffle in bulk
+        ({"algorithm": "perfedavg", "engine": "fused"}, 24),
+        ({"algorithm": "ditto", "engine": "vmap"}, 6),
+        ({"algorithm": "fedavg", "engine": "grouped", "model": "cnn", "tau": 2}, 5),
+        ({"algorithm": "perfedavg-hf", "engine": "grouped", "model": "cnn", "tau": 2}, 5),
+    ],
+)
+def test_a_round_on_the_gpu_is_the_cpus(values, users):
+    cfg = from_mapping({"n_users": 50, "tau": 4, **values})  # MNIST, the paper's split
+    prepared = simulation.prepare(cfg)
+    chosen = list(range(0, 2 * users, 2))
+    x_cpu, models_cpu, losses_cpu = _round(prepared.cfg, prepared, "cpu", chosen)
+    x_gpu, models_gpu, losses_gpu = _round(prepared.cfg, prepared, "cuda", chosen)
+    assert torch.equal(x_cpu, x_gpu)
+    torch.testing.assert_close(losses_gpu, losses_cpu, rtol=1e-4, atol=1e-5)
+    for name, value in models_cpu.items():
+        torch.testing.assert_close(models_gpu[name], value, rtol=1e-4, atol=1e-5)
