@@ -13,8 +13,10 @@ from perfed_ray.seeding import Stream, torch_generator
 
 @pytest.mark.parametrize("chunk", [permutations.CHUNK, 7])  # one chunk; a chunk per generator
 def test_batches_equal_torch_randperms(monkeypatch, chunk):
-    """Heads of torch.randperm, and for n below the batch size several end to end."""
+    """Heads of torch.randperm, and for n below the batch size several end to end; the
+    words drawn in pieces (WORDS small) or whole."""
     monkeypatch.setattr(permutations, "CHUNK", chunk)
+    monkeypatch.setattr(permutations, "WORDS", 2**20 if chunk > 7 else 100)
     seeds = [0, 1, 2**32 - 1, 123_456_789, 42, 7]
     sizes = [1, 2, 60, 1000, 40, 3]
     got = randperm_batches(seeds, sizes, batches=4, batch_size=40)

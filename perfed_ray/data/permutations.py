@@ -29,14 +29,22 @@ import torch
 
 TORCH_SHUFFLE_MAX = 2**32 // 20  # randperm's 32-bit Fisher-Yates below this n
 CHUNK = 2**24  # entries of the permutations shuffled at once (int32: 64 MB)
+WORDS = 2**20  # Mersenne Twister words drawn at once, at most (about: one permutation's)
 
 
-def mt19937_words(bits: np.random.MT19937, seed: int, count: int) -> np.ndarray:
-    """The first `count` 32-bit words of torch.Generator().manual_seed(seed)'s stream,
-    seed below 2^32, as int64, from `bits` reseeded (made once: making one costs more
-    than the words)."""
+def used_words(bits: np.random.MT19937, seed: int, n: int, count: int, used: int) -> np.ndarray:
+    """The words the first `used` swaps of each of `count` successive torch.randperm(n)
+    of torch.Generator().manual_seed(seed) (seed below 2^32) take: [count, used] int64.
+    Every permutation consumes n - 1 words; they are drawn WORDS at a time at most, so
+    a user of millions of samples costs megabytes, not a copy of its every permutation.
+    `bits` is reseeded, made once: making one costs more than a small user's words."""
     bits._legacy_seeding(seed)  # private: RandomState's seeding, which torch's matches
-    return bits.random_raw(count).astype(np.int64)
+    at_once = max(1, WORDS // (n - 1))
+    parts = [
+        bits.random_raw(min(at_once, count - done) * (n - 1)).reshape(-1, n - 1)[:, :used]
+        for done in range(0, count, at_once)
+    ]
+    return np.concatenate(parts).astype(np.int64)
 
 
 def randperm_batches(
@@ -84,8 +92,7 @@ def _shuffle(seeds, sizes, laps, batches: int, batch_size: int, width: int, devi
     bits, row = np.random.MT19937(0), 0
     for seed, n, k, s in zip(seeds, sizes, counts, steps, strict=True):
         if s:
-            drawn = mt19937_words(bits, seed, k * (n - 1)).reshape(k, n - 1)
-            words[:s, row : row + k] = drawn[:, :s].T
+            words[:s, row : row + k] = used_words(bits, seed, n, k, s).T
         row += k
     # Rows past their own steps draw words of 0: they swap position i with itself.
     by_step = torch.from_numpy(words).to(device)
