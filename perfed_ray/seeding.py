@@ -36,6 +36,60 @@ def stream_seed(seed: int, stream: Stream, *keys: int) -> int:
     return int(np.random.SeedSequence([seed, int(stream), *keys]).generate_state(1)[0])
 
 
+# NumPy's SeedSequence, whose first 32-bit word of state stream_seed takes: the
+# constants of its hash (O'Neill's seed_seq_fe), its pool of four words.
+_MASK, _INIT_A, _MULT_A = 0xFFFFFFFF, 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B, _MIX_L, _MIX_R, _POOL = 0x8B51F9DD, 0x58F38DED, 0xCA01F9DD, 0x4973F715, 4
+
+
+def stream_seeds(seed: int, stream: Stream, keys: np.ndarray) -> np.ndarray:
+    """stream_seed(seed, stream, *row) for every row of `keys` ([n, m], entries below
+    2^32) at once: SeedSequence's hash vectorised over the rows, the same words in the
+    same order (the seed's and stream's 32-bit words, then the row's), so a round's
+    users get their batch streams' seeds in microseconds, not 15 each
+    (tests/test_permutations.py checks it against stream_seed)."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    if keys.size and int(keys.max()) > _MASK:
+        raise ValueError("stream_seeds: keys must be below 2^32")
+    common = [w for x in (seed, int(stream)) for w in _words(x)]
+    words = [np.full(len(keys), w, np.uint64) for w in common] + list(keys.T)
+    mult = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal mult
+        value = (value ^ np.uint64(mult)) & np.uint64(_MASK)
+        mult = (mult * _MULT_A) & _MASK
+        value = (value * np.uint64(mult)) & np.uint64(_MASK)
+        return value ^ (value >> np.uint64(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        mixed = (np.uint64(_MIX_L) * x - np.uint64(_MIX_R) * y) & np.uint64(_MASK)
+        return mixed ^ (mixed >> np.uint64(16))
+
+    zero = np.zeros(len(keys), np.uint64)
+    pool = [hashmix(words[i] if i < len(words) else zero) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, len(words)):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(words[src]))
+    first = ((pool[0] ^ np.uint64(_INIT_B)) * np.uint64(_INIT_B * _MULT_B & _MASK)) & np.uint64(
+        _MASK
+    )
+    return first ^ (first >> np.uint64(16))
+
+
+def _words(x: int) -> list[int]:
+    """An int's 32-bit words, least significant first, at least one (SeedSequence's)."""
+    words = [x & _MASK]
+    while x > _MASK:
+        x >>= 32
+        words.append(x & _MASK)
+    return words
+
+
 def numpy_rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
     """A NumPy generator for driver-side draws (partition, user sampling, data)."""
     return np.random.default_rng(stream_seed(seed, stream, *keys))

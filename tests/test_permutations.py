@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from perfed_ray.data import batches, permutations
 from perfed_ray.data.batches import draw, round_indices
 from perfed_ray.data.permutations import randperm_batches
-from perfed_ray.seeding import Stream, torch_generator
+from perfed_ray.seeding import Stream, stream_seed, stream_seeds, torch_generator
 
 
 @pytest.mark.parametrize("chunk", [permutations.CHUNK, 7])  # one chunk; a chunk per generator
@@ -49,3 +50,14 @@ def test_round_indices_are_each_users_draws(monkeypatch, bulk):
 def test_sizes_outside_torchs_shuffle_are_refused():
     with pytest.raises(ValueError, match="outside"):
         randperm_batches([0], [0], 1, 1)
+
+
+def test_stream_seeds_are_stream_seed_for_every_row():
+    """The vectorised hash equals NumPy's SeedSequence, seeds of one word or several."""
+    keys = np.array([[u, r] for u in range(0, 3000, 37) for r in (0, 1, 999, 2**32 - 1)])
+    for seed in (0, 7, 2**32 - 1, 2**40 + 5):
+        got = stream_seeds(seed, Stream.LOCAL_TRAINING, keys)
+        want = [stream_seed(seed, Stream.LOCAL_TRAINING, int(u), int(r)) for u, r in keys]
+        assert got.tolist() == want
+    with pytest.raises(ValueError, match="below 2"):
+        stream_seeds(0, Stream.LOCAL_TRAINING, np.array([[2**32, 0]]))

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from perfed_ray.data.permutations import randperm_batches
-from perfed_ray.seeding import Stream, stream_seed, torch_generator
+from perfed_ray.seeding import Stream, stream_seeds, torch_generator
 
 BULK_BATCHES = 256  # a round's batches from which, on a CPU, the bulk shuffle pays
 
@@ -60,17 +61,18 @@ def round_indices(
     operations, exceeds that many calls' (a CPU actor's 5 users of FedAvg: 0.8 ms
     against 2.1)."""
     drawn = drawn or per_step
-    seeds = [stream_seed(seed, Stream.LOCAL_TRAINING, u, round_) for u in users]
     batches = tau * drawn
     if torch.device(device).type == "cpu" and len(users) * batches < BULK_BATCHES:
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        gens = [torch_generator(seed, Stream.LOCAL_TRAINING, u, round_) for u in users]
         idx = torch.stack(
             [
                 torch.stack([draw(n, batch_size, g) for _ in range(batches)])
                 for g, n in zip(gens, sizes, strict=True)
             ]
         )
-    else:
+    else:  # the users' seeds too in bulk: 0.3 ms for 1000 users, not 11
+        keys = np.column_stack([np.asarray(users, np.int64), np.full(len(users), round_)])
+        seeds = stream_seeds(seed, Stream.LOCAL_TRAINING, keys).tolist()
         idx = randperm_batches(seeds, sizes, batches, batch_size, device)
     return idx.view(len(users), tau, drawn, batch_size)[:, :, :per_step]
 
