@@ -493,8 +493,7 @@ def gpu_section() -> list[str]:
         "(`perfed_ray/data/permutations.py`), equal to `torch.randperm`'s. The CPU work "
         "left (the users' seeds, the Mersenne Twister words, the Python between kernels) "
         "is what more actors share out, and what the GPU waits for; the seeds have since "
-        "been made in bulk too (0.3 ms for 1000 users instead of 11 on this project's "
-        "CPU), not measured on a GPU.",
+        "been made in bulk too (`seeding.stream_seeds`), not yet measured on a GPU.",
         "- Without MPS a GPU runs one process's kernels at a time, so more actors queue: "
         "HF ran "
         + ", ".join(
