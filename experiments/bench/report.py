@@ -469,9 +469,10 @@ def gpu_section() -> list[str]:
         "U of them a round; one process on the GPU without Ray, or perfed-ray on a local Ray "
         "with actors sharing the GPU (default placement: at most four actors a GPU; or "
         "`num_gpus_per_actor` = 1 / A). User-steps per second, median of "
-        f"{int(mnist['rounds'].iloc[0])} rounds after the first. The data and the machine's "
-        "Python (its own torch) came to it with the command; Ray as the wheel "
-        "`shared/tools/device-wheels.sh` builds.",
+        f"{int(mnist['rounds'].iloc[0])} rounds after the first. The machine's Python has its "
+        "own torch; MNIST and Ray came with each command (Ray the wheel "
+        "`shared/tools/device-wheels.sh` builds, its binaries stripped and the subpackages "
+        "a simulation does not import dropped, to fit what one command may carry).",
         "",
         _machine(frame),
         "",
