@@ -125,9 +125,9 @@ class Learner:
             gather(self.shards[u].x_train, index[i], out=x[i])
             gather(self.shards[u].y_train, index[i], out=y[i])
             if self.augment is not None:  # the user's own steps; the rest are masked
-                gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_)
+                gen = torch_generator(cfg.seed, Stream.AUGMENTATION, u, round_)
                 x[i, :own] = self.augment(x[i, :own], gen)
-        return x, y, steps.to(self.device) if self.cfg.steps_vary else None
+        return x, y, steps.to(self.device) if cfg.steps_vary else None
 
     def train(
         self,

@@ -152,9 +152,9 @@ def test_fused_blocks_are_small_on_a_cpu_and_bounded_by_bytes_elsewhere():
     users as GPU_BLOCK_BYTES of stacked weights hold, never fewer than a CPU's."""
     from perfed_ray.engines.fused import BLOCK, GPU_BLOCK_BYTES, block_size
 
-    assert block_size({"w": torch.zeros(1000)}) == BLOCK
-    assert block_size({"w": torch.empty(1000, device="meta")}) == GPU_BLOCK_BYTES // 4000
-    assert block_size({"w": torch.empty(2**28, device="meta")}) == BLOCK
+    assert block_size([torch.zeros(1000)]) == BLOCK
+    assert block_size([torch.empty(1000, device="meta")]) == GPU_BLOCK_BYTES // 4000
+    assert block_size([torch.empty(2**28, device="meta")]) == BLOCK
 
 
 @pytest.mark.slow

@@ -30,14 +30,13 @@ GPU_BLOCK_BYTES = 2**30  # a block's stacked copy of the model, at most, on a GP
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def block_size(server: dict[str, torch.Tensor]) -> int:
-    """Users a block: BLOCK on a CPU; on a GPU as many as GPU_BLOCK_BYTES of stacked
-    weights hold (a block holds a few such copies: weights, gradients, perturbed
-    weights), BLOCK at least."""
-    leaves = torch.utils._pytree.tree_leaves(server)
-    if leaves[0].device.type == "cpu":
+def block_size(params: list[torch.Tensor]) -> int:
+    """Users a block for a model of these parameters: BLOCK on a CPU; on a GPU as many
+    as GPU_BLOCK_BYTES of stacked weights hold (a block holds a few such copies:
+    weights, gradients, perturbed weights), BLOCK at least."""
+    if params[0].device.type == "cpu":
         return BLOCK
-    per_user = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    per_user = sum(p.numel() * p.element_size() for p in params)
     return max(BLOCK, GPU_BLOCK_BYTES // per_user)
 
 
@@ -53,6 +52,7 @@ class Fused(Engine):
     def __init__(self, algorithm, model, compile: bool = False) -> None:
         super().__init__(algorithm, model, compile)
         self.ops = self.stacked_ops(model)
+        self.block_users = block_size(list(model.parameters()))  # the model's device's
         self.step = None
         if compile:
             compile_cache()
@@ -80,7 +80,7 @@ class Fused(Engine):
         )
 
     def run(self, server, x, y, states, steps=None) -> Result:
-        parts, size = [], block_size(server)
+        parts, size = [], self.block_users
         for start in range(0, len(x), size):
             cut = slice(start, start + size)
             block_states = (
