@@ -54,6 +54,7 @@ from perfed_ray.runtime import simulation
 
 CIFAR = MNIST.parent / "cifar10-tau4-alpha0.01.yaml"
 ALGORITHMS = ["fedavg", "perfedavg-hf"]
+IN_PROCESS = {"sequential": "loop, one process", "fused": "fused, one process"}  # modes
 LOOP_USERS = 10  # at most: the loop runs users one by one, so its rate does not move with U
 
 
@@ -67,14 +68,11 @@ def mnist_rows(args: argparse.Namespace, device: str) -> list[dict]:
         sets.append("tau=2")
     for algorithm in ALGORITHMS:
         prepared = simulation.prepare(load(MNIST, [*sets, f"algorithm={algorithm}"]))
-        for users in args.users:
+        for users in [] if args.ray_only else args.users:
             cfg = prepared.cfg.replace(fraction=users / n)
-            modes = [("fused, one process", "fused")]
-            if users <= LOOP_USERS:
-                modes.insert(0, ("loop, one process", "sequential"))
-            for mode, engine in modes if not args.ray_only else []:
+            for engine in ["sequential", "fused"] if users <= LOOP_USERS else ["fused"]:
                 seconds = in_process(cfg, prepared, engine, False, 1, args.rounds, device)
-                rows.append(row(algorithm, mode, cfg, seconds))
+                rows.append(row(algorithm, IN_PROCESS[engine], cfg, seconds))
         cfg = prepared.cfg.replace(fraction=1.0)
         seconds, _ = on_ray(cfg, prepared, "fused", False, args.rounds)
         rows.append(row(algorithm, "ray fused, default placement", cfg, seconds))

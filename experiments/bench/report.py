@@ -425,19 +425,25 @@ def flower_notes(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def gpu_section() -> list[str]:
+def gpu_results() -> pd.DataFrame | None:
+    """gpu.parquet's rows and, where it was measured, gpu-mps.parquet's (`mps` True);
+    None where no GPU was measured."""
     path = RESULTS / "gpu.parquet"
     if not path.exists():
+        return None
+    shared = RESULTS / "gpu-mps.parquet"
+    parts = [path, *([shared] if shared.exists() else [])]
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+
+def gpu_section(frame: pd.DataFrame | None) -> list[str]:
+    if frame is None:
         return [
             "## GPU",
             "",
             "Not measured: no GPU machine was lent. On one, `python experiments/bench/gpu.py` "
             "measures it.",
         ]
-    frame = pd.read_parquet(path)
-    shared = RESULTS / "gpu-mps.parquet"
-    if shared.exists():
-        frame = pd.concat([frame, pd.read_parquet(shared)], ignore_index=True)
     mnist = frame[frame["kind"] == "mnist"].assign(
         mode=lambda f: f["mode"] + f["mps"].map({True: ", MPS", False: ""}),
         rate=lambda f: [f"{r:,.0f}" for r in f["user_steps_per_second"]],
@@ -578,7 +584,7 @@ def _rate(frame: pd.DataFrame, algorithm: str, prefix: str) -> float | None:
     return None if rows.empty else float(rows["user_steps_per_second"].max())
 
 
-def targets() -> list[str]:
+def targets(gpu: pd.DataFrame | None) -> list[str]:
     """Each target with what was measured and whether it was met."""
     rows = []
     path = RESULTS / "throughput.parquet"
@@ -666,32 +672,31 @@ def targets() -> list[str]:
             )
     lines = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {text} | {value} | {'yes' if ok else 'no'} |" for text, value, ok in rows]
-    lines.append(gpu_target())
+    lines.append(gpu_target(gpu))
     if path.exists():
         lines += ["", *notes(pd.read_parquet(RESULTS / "throughput.parquet"))]
     return lines
 
 
-def gpu_target() -> str:
+def gpu_target(frame: pd.DataFrame | None) -> str:
     """The H100 target's row: HF with the default placement, without MPS and with it."""
     text = "| one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors) |"
-    rates = []
-    for name, how in (("gpu", "default placement"), ("gpu-mps", "with MPS")):
-        path = RESULTS / f"{name}.parquet"
-        if path.exists():
-            g = pd.read_parquet(path)
-            pick = g[
-                (g["algorithm"] == "perfedavg-hf") & (g["mode"].str.endswith("default placement"))
-            ]
-            rates += [(float(pick["user_steps_per_second"].iloc[0]), how, g["gpu"].iloc[0])]
-    if not rates or "H100" not in rates[0][2]:
+    if frame is None or not frame["gpu"].str.contains("H100").all():
         return f"{text} not measured (no H100 lent) | - |"
-    cells = "; ".join(f"{r:,.0f} ({how})" for r, how, _ in rates)
-    met = ", ".join(f"{'yes' if r >= 100_000 else 'no'} ({how})" for r, how, _ in rates)
+    pick = frame[
+        (frame["algorithm"] == "perfedavg-hf") & frame["mode"].eq("ray fused, default placement")
+    ]
+    rates = [
+        (r, "with MPS" if mps else "default placement")
+        for r, mps in zip(pick["user_steps_per_second"], pick["mps"], strict=True)
+    ]
+    cells = "; ".join(f"{r:,.0f} ({how})" for r, how in rates)
+    met = ", ".join(f"{'yes' if r >= 100_000 else 'no'} ({how})" for r, how in rates)
     return f"{text} {cells} | {met} |"
 
 
 def write_report() -> None:
+    gpu = gpu_results()
     lines = [
         "# Benchmarks",
         "",
@@ -701,7 +706,7 @@ def write_report() -> None:
         'those of the issues "Thousands of users" (scale), "An open core" '
         '(throughput) and "Balanced rounds and every model on its fastest path" (Flower).',
         "",
-        *targets(),
+        *targets(gpu),
         "",
         *throughput_section(),
         "",
@@ -715,7 +720,7 @@ def write_report() -> None:
         "",
         *flower_section(),
         "",
-        *gpu_section(),
+        *gpu_section(gpu),
         "",
     ]
     (HERE / "BENCHMARKS.md").write_text("\n".join(lines))
