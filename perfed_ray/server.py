@@ -31,6 +31,7 @@ class Server:
         self.state: State = self.optimizer.init(self.layout.flatten(template))
         self.stateful = keeps_user_state(self.algorithm, template)
         self.keeps_aggregate = type(self.algorithm).server_update is Algorithm.server_update
+        self.fixed = self.algorithm.fixed_server  # w_0 for good: rounds may go in spans
 
     def next_model(self, weights: np.ndarray, total: np.ndarray, weight_sum: float) -> np.ndarray:
         """w_{k+1} from w_k and the weighted sum of the reporting users' models."""

@@ -85,6 +85,12 @@ class Algorithm:
     # scored, or "initial", the run's initial model w_0 (as Ditto's authors' code starts
     # its personal models). A method may set it per instance, from one of its settings.
     state_start: str = "global"
+    # Whether the server's model stays w_0 for good (`server_update` returns the server's
+    # model: Local, whose users learn alone). No round's work then waits for the round
+    # before it, so the rounds up to the next evaluation or checkpoint go to each actor
+    # in one call instead of one call a round (:mod:`perfed_ray.runtime.rounds`); the
+    # driver checks each round that the model did not move.
+    fixed_server: ClassVar[bool] = False
 
     @classmethod
     def validate(cls, cfg: RunConfig) -> None:

@@ -20,6 +20,8 @@ class Local(FedAvg):
     round, on the same D for one seed) from the user's own model instead of the
     server's."""
 
+    fixed_server = True
+
     def init_user_state(self, server):
         return server
 

@@ -120,12 +120,6 @@ class UserActor:
         `guests`: the states of the users among them that other actors host (balanced
         rounds), as their hosts handed them over; their new states are sent back."""
         clock = time.perf_counter()
-        if self.actor == 0:
-            faults.crash_at("actor-always", round_)
-            if self.incarnation == 0:
-                faults.crash_at("actor", round_)
-            if self.incarnation == 1:
-                faults.crash_at("actor-replacement", round_)
         start = self.flat.unflatten(weights, self.device)  # never modified in place
         visiting: dict[int, np.ndarray | None] | None = None
         if guests is not None:
@@ -133,6 +127,39 @@ class UserActor:
             visiting = dict.fromkeys((u for u in users if u not in store), None)
             for handed in ray.get(guests):
                 visiting.update(handed)
+        return self._round(start, users, round_, per_user, aggregated, visiting, clock)
+
+    def train_rounds(
+        self, weights: np.ndarray, rounds: list[tuple[int, list[int], list[int] | None]]
+    ) -> list[UpdateSum]:
+        """Several rounds in one call, for a method whose server's model never moves
+        (`fixed_server`): (round, users, aggregated) each, as `train` takes them, in
+        order, every one from the same weights; one sum a round."""
+        clock = time.perf_counter()
+        start = self.flat.unflatten(weights, self.device)
+        sums = []
+        for round_, users, aggregated in rounds:
+            sums.append(self._round(start, users, round_, False, aggregated, None, clock))
+            clock = time.perf_counter()
+        return sums
+
+    def _round(
+        self,
+        start: dict[str, torch.Tensor],
+        users: list[int],
+        round_: int,
+        per_user: bool,
+        aggregated: list[int] | None,
+        visiting: dict[int, np.ndarray | None] | None,
+        clock: float,
+    ) -> UpdateSum:
+        """One round's local work of `users` from the server's model `start`, summed."""
+        if self.actor == 0:
+            faults.crash_at("actor-always", round_)
+            if self.incarnation == 0:
+                faults.crash_at("actor", round_)
+            if self.incarnation == 1:
+                faults.crash_at("actor-replacement", round_)
         models, losses = self.learner.train(start, users, round_, visiting)
         if aggregated is not None:
             summed = set(aggregated)

@@ -36,6 +36,16 @@ class Sums:
     diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
     actor_seconds: float = 0.0  # the slowest actor's own time: the round's work, not transport
 
+    def add(self, part, users: list[int]) -> None:
+        """An actor's part (its `UpdateSum`) of the round, trained by `users`."""
+        if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
+            self.diverged += users
+        self.total += part.total
+        self.weight += part.weight
+        self.loss_sum += part.loss_sum
+        self.bytes_received += part.total.nbytes
+        self.actor_seconds = max(self.actor_seconds, part.seconds)
+
 
 Work = Callable[[int], float]  # a user's share of a round's local work (its steps)
 
@@ -125,16 +135,34 @@ class Coordinator:
             np.zeros(weights.shape, dtype=np.float64), bytes_sent=weights.nbytes * len(calls)
         )
         for a, part in self.pool.gather(round_, "train", calls):
-            if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
-                sums.diverged += by_actor[a]
-            sums.total += part.total
-            sums.weight += part.weight
-            sums.loss_sum += part.loss_sum
-            sums.bytes_received += part.total.nbytes
-            sums.actor_seconds = max(sums.actor_seconds, part.seconds)
+            sums.add(part, by_actor[a])
             if part.guests:
                 self._send_home(round_, part.guests)
         return sums
+
+    def train_rounds(
+        self, weights: np.ndarray, rounds: list[tuple[int, list[int], list[int]]]
+    ) -> list[Sums]:
+        """Several rounds' local work, (round, reporting, trained) each as `train` takes
+        them, all from the same `weights` (a server's model that never moves), in one
+        call to each actor: a Sums a round. Users stay on their hosts: over several
+        rounds an actor's share of the work evens out, and no state has to travel."""
+        first = rounds[0][0]
+        self._settle(first)
+        ref = ray.put(weights)
+        plans: dict[int, list[tuple[int, list[int], list[int] | None]]] = {}
+        for round_, reporting, trained in rounds:
+            summed = None if trained is reporting else set(reporting)
+            for a, us in hosted(trained, self.host_of).items():
+                aggregated = None if summed is None else [u for u in us if u in summed]
+                plans.setdefault(a, []).append((round_, us, aggregated))
+        sums = {r: Sums(np.zeros(weights.shape, dtype=np.float64)) for r, _, _ in rounds}
+        sums[first].bytes_sent = weights.nbytes * len(plans)  # sent once, for them all
+        calls = {a: (ref, plan) for a, plan in plans.items()}
+        for a, parts in self.pool.gather(first, "train_rounds", calls, last=rounds[-1][0]):
+            for (round_, us, _), part in zip(plans[a], parts, strict=True):
+                sums[round_].add(part, us)
+        return [sums[r] for r, _, _ in rounds]
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
         """The users' personalised scores from `weights`, each computed on the actor that

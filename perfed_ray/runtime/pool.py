@@ -110,11 +110,15 @@ class ActorPool:
         for actor in self.actors:
             ray.kill(actor)
 
-    def gather(self, round_: int, method: str, args: dict[int, tuple]) -> Iterator[tuple[int, Any]]:
-        """Call ``method(*args[i])`` on every actor i now; the iterator yields (i, result)
-        in the order results arrive, re-running a call whose actor died."""
+    def gather(
+        self, round_: int, method: str, args: dict[int, tuple], last: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """Call ``method(*args[i])`` on every actor i now, for round k (to round `last`
+        where a call carries several); the iterator yields (i, result) in the order
+        results arrive, re-running a call whose actor died."""
         pending = {self._call(i, method, a): i for i, a in args.items()}
-        faults.in_flight(method, round_)
+        for n in range(round_, (round_ if last is None else last) + 1):
+            faults.in_flight(method, n)
         return self._collect(round_, method, args, pending)
 
     def _call(self, i: int, method: str, args: tuple) -> ray.ObjectRef:

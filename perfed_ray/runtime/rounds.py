@@ -12,7 +12,7 @@ pool, where calls are in flight) and with the files (writer, store), not here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,10 +23,16 @@ from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
 from perfed_ray.server import Server
-from perfed_ray.strategy import Strategy
+from perfed_ray.strategy import Participation, Strategy
 
 if TYPE_CHECKING:  # the transport is given, not made here: this module loads no Ray
-    from perfed_ray.runtime.coordinator import Coordinator
+    from perfed_ray.runtime.coordinator import Coordinator, Sums
+
+
+# A fixed server's rounds go to the actors in spans of about this many seconds, holding
+# at most SPAN_BYTES of per-round sums (a float64 model each) on the driver.
+SPAN_SECONDS = 1.0
+SPAN_BYTES = 2**26
 
 
 class Diverged(RuntimeError):
@@ -93,11 +99,11 @@ class Rounds:
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
         self.resumed = resume_from is not None
         self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
+        self.span_length = 1  # rounds a call (fixed_server), measured as the run goes
 
-    def run_round(self, round_: int) -> dict:
-        """One round k: w_{k+1} from the (weighted) mean of the reporting users'
-        w_{k+1,tau}."""
-        start = time.perf_counter()
+    def _plan(self, round_: int) -> tuple[list[int], Participation, list[int]]:
+        """Round k's sampled users, who of them report (dropouts and stragglers go to the
+        events table) and who trains."""
         users = self.strategy.sample(round_)
         who = self.strategy.participation(round_, users)
         for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
@@ -106,15 +112,34 @@ class Rounds:
                     "events",
                     [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
                 )
-        trained = self.strategy.trained(round_, who.reporting)
-        sent = time.perf_counter()
-        sums = self.coordinator.train(round_, self.weights, who.reporting, trained)
+        return users, who, self.strategy.trained(round_, who.reporting)
+
+    def _row(
+        self,
+        round_: int,
+        users: list[int],
+        who: Participation,
+        sums: Sums,
+        start: float,
+        train: float,
+    ) -> dict:
+        """w_{k+1} from the (weighted) mean of the reporting users' w_{k+1,tau}, and round
+        k's row: `start` is when its clock started, `train` its seconds out to the
+        actors and back."""
         if sums.diverged:
             raise Diverged(round_, sorted(sums.diverged))
         n = len(who.reporting)
         gathered = time.perf_counter()
         if n:
-            self.weights = self.server.next_model(self.weights, sums.total, sums.weight)
+            before, self.weights = (
+                self.weights,
+                self.server.next_model(self.weights, sums.total, sums.weight),
+            )
+            if self.server.fixed and not np.array_equal(before, self.weights):
+                raise RuntimeError(
+                    f"{self.cfg.algorithm} declares fixed_server, but its server's model "
+                    f"moved in round {round_}"
+                )
         return {
             "round": round_,
             "users": users,
@@ -124,12 +149,58 @@ class Rounds:
             "wall_seconds": time.perf_counter() - start,
             # Where the round's time went: out to the actors and back (the slowest
             # actor's own share of it: its work), then the server's step.
-            "train_seconds": gathered - sent,
+            "train_seconds": train,
             "actor_seconds": sums.actor_seconds,
             "server_seconds": time.perf_counter() - gathered,
             "bytes_sent": sums.bytes_sent,
             "bytes_received": sums.bytes_received,
         }
+
+    def run_round(self, round_: int) -> dict:
+        """One round k: its users' work in one call per actor, then the server's step."""
+        start = time.perf_counter()
+        users, who, trained = self._plan(round_)
+        sent = time.perf_counter()
+        sums = self.coordinator.train(round_, self.weights, who.reporting, trained)
+        return self._row(round_, users, who, sums, start, time.perf_counter() - sent)
+
+    def run_span(self, span: list[int]) -> Iterator[dict]:
+        """Rounds whose work went to each actor in one call (a server's model that never
+        moves, `fixed_server`), each round's row as it would have been alone; the
+        span's time is shared out evenly among its rounds."""
+        start = time.perf_counter()
+        plans = [(r, *self._plan(r)) for r in span]
+        sent = time.perf_counter()
+        work = [(r, who.reporting, trained) for r, _, who, trained in plans]
+        all_sums = self.coordinator.train_rounds(self.weights, work)
+        share, train = (time.perf_counter() - start) / len(span), (time.perf_counter() - sent)
+        for (r, users, who, _), sums in zip(plans, all_sums, strict=True):
+            row = self._row(r, users, who, sums, time.perf_counter(), train / len(span))
+            yield {**row, "wall_seconds": share + row["wall_seconds"]}
+
+    def _span(self, round_: int) -> list[int]:
+        """The rounds that go in one call from round k: k alone, unless the server's model
+        never moves; then up to `span_length` rounds, ending at the next evaluation or
+        checkpoint (which need the users' states of that round)."""
+        cfg = self.cfg
+        if not self.server.fixed:
+            return [round_]
+        evaluation = max(round_, cfg.eval_from)
+        ends = (
+            round_ + self.span_length - 1,
+            cfg.rounds,
+            -(-round_ // cfg.checkpoint_every) * cfg.checkpoint_every,
+            -(-evaluation // cfg.eval_every) * cfg.eval_every,
+        )
+        return list(range(round_, min(ends) + 1))
+
+    def _resize(self, span: list[int], seconds: float) -> None:
+        """The next span's length, from this one's rounds' seconds (evaluations and
+        checkpoints aside): about SPAN_SECONDS (progress and Ctrl-C stay prompt), at
+        most SPAN_BYTES of per-round sums."""
+        most = max(1, SPAN_BYTES // (8 * self.weights.size))
+        per_round = max(seconds / len(span), 1e-9)
+        self.span_length = max(1, min(most, int(SPAN_SECONDS / per_round)))
 
     def evaluate(self, round_: int, final: bool) -> pa.Table:
         """The strategy's users' personalised scores as the columns of the evals table."""
@@ -175,19 +246,24 @@ class Rounds:
             self.writer.add("evals", self.evaluate(0, final=False))
             self.checkpoint(0)
         first, loop_start = self.rounds_done + 1, time.perf_counter()
-        for round_ in range(first, cfg.rounds + 1):
-            self.writer.add("rounds", [self.run_round(round_)])
-            self.rounds_done = round_
-            final = round_ == cfg.rounds
-            evaluated = final or (round_ >= cfg.eval_from and round_ % cfg.eval_every == 0)
-            if evaluated:
-                self.writer.add("evals", self.evaluate(round_, final))
-            if final or round_ % cfg.checkpoint_every == 0:
-                self.checkpoint(round_)
-            elif evaluated:
-                self.writer.flush()
-            if self.on_progress:
-                acc_round, acc = self.last_accuracy or (None, None)
-                rate = (round_ - first + 1) / max(time.perf_counter() - loop_start, 1e-9)
-                self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
+        while self.rounds_done < cfg.rounds:
+            span, seconds = self._span(self.rounds_done + 1), 0.0
+            rows = self.run_span(span) if len(span) > 1 else [self.run_round(span[0])]
+            for round_, row in zip(span, rows, strict=True):
+                self.writer.add("rounds", [row])
+                seconds += row["wall_seconds"]
+                self.rounds_done = round_
+                final = round_ == cfg.rounds
+                evaluated = final or (round_ >= cfg.eval_from and round_ % cfg.eval_every == 0)
+                if evaluated:
+                    self.writer.add("evals", self.evaluate(round_, final))
+                if final or round_ % cfg.checkpoint_every == 0:
+                    self.checkpoint(round_)
+                elif evaluated:
+                    self.writer.flush()
+                if self.on_progress:
+                    acc_round, acc = self.last_accuracy or (None, None)
+                    rate = (round_ - first + 1) / max(time.perf_counter() - loop_start, 1e-9)
+                    self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
+            self._resize(span, seconds)
         return self.weights

@@ -1,0 +1,74 @@
+"""Rounds in spans: a method whose server's model never moves (`fixed_server`: Local)
+sends each actor the rounds up to the next evaluation or checkpoint in one call, and
+gets the numbers of one call a round, on a real local Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from perfed_ray.analysis import read_table
+from perfed_ray.config import from_mapping
+from perfed_ray.runtime import rounds, simulation
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+LOCAL = {
+    "dataset": "gaussian",
+    "algorithm": "local",
+    "n_users": 6,
+    "fraction": 0.5,
+    "rounds": 12,
+    "tau": 5,
+    "beta": 0.2,
+    "eval_every": 4,
+    "checkpoint_every": 6,
+    "final_eval_draws": 2,
+    "users_per_actor": 3,
+}
+ROUND_KEYS = ["round", "users", "n_sampled", "n_reported", "train_loss"]
+EVAL_KEYS = ["round", "user", "draw", "acc_before", "acc_after", "loss_before", "loss_after"]
+
+
+def _run(out: Path, **values) -> tuple[pd.DataFrame, pd.DataFrame]:
+    simulation.run(simulation.prepare(from_mapping({**LOCAL, **values})), out)
+    evals = read_table(out, "evals").sort_values(["round", "user", "draw"], ignore_index=True)
+    return read_table(out, "rounds"), evals
+
+
+def test_a_fixed_servers_rounds_go_in_spans_with_the_numbers_of_single_rounds(
+    ray_session, tmp_path, monkeypatch
+):
+    spans, spans_evals = _run(tmp_path / "spans", trained_users="all")
+    monkeypatch.setattr(rounds, "SPAN_SECONDS", 0.0)  # one round a call
+    single, single_evals = _run(tmp_path / "single", trained_users="all")
+    pd.testing.assert_frame_equal(spans[ROUND_KEYS], single[ROUND_KEYS])
+    pd.testing.assert_frame_equal(spans_evals[EVAL_KEYS], single_evals[EVAL_KEYS])
+    # A span's weights go out once, with its first round: rounds 1, 5, 7, 9 start one
+    # (round 1 alone, then spans end at evaluations 4, 8, 12 and checkpoints 6, 12).
+    assert spans.loc[spans["bytes_sent"] > 0, "round"].tolist() == [1, 2, 5, 7, 9]
+    assert (single["bytes_sent"] > 0).all()
+    assert (spans["bytes_received"] > 0).all()
+
+
+@pytest.mark.slow
+def test_an_actor_killed_inside_a_span_rolls_the_run_back_to_the_same_numbers(
+    ray_session, tmp_path, monkeypatch
+):
+    reference = _run(tmp_path / "reference")
+    monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0, inside the span of rounds 2-4
+    rolled = _run(tmp_path / "rolled")
+    events = read_table(tmp_path / "rolled", "events")
+    assert events["kind"].tolist() == ["actor-died"] and events["round"].iloc[0] == 2
+    pd.testing.assert_frame_equal(reference[0][ROUND_KEYS], rolled[0][ROUND_KEYS])
+    pd.testing.assert_frame_equal(reference[1][EVAL_KEYS], rolled[1][EVAL_KEYS])
+
+
+def test_a_method_that_declares_a_fixed_server_but_moves_it_is_stopped(
+    ray_session, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    with pytest.raises(RuntimeError, match="declares fixed_server, but its server's model moved"):
+        _run(tmp_path, algorithm="drifting:Drifting", rounds=3)
+    assert read_table(tmp_path, "runs")["status"].iloc[0] == "failed"
