@@ -29,7 +29,12 @@ def _smoke(script: str, out: Path) -> tuple[pd.DataFrame, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "kinds"),
-    [("throughput", {"gemm", "engine"}), ("scale", None), ("convolutions", None)],
+    [
+        ("throughput", {"gemm", "engine"}),
+        ("scale", None),
+        ("convolutions", None),
+        ("spans", None),
+    ],
 )
 def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
     rows, _ = _smoke(script, tmp_path)

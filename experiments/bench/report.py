@@ -326,6 +326,45 @@ def breakdown_section() -> list[str]:
     ]
 
 
+def spans_section() -> list[str]:
+    """Local's rounds in spans against one call a round (spans.py), if measured."""
+    path = RESULTS / "spans.parquet"
+    if not path.exists():
+        return []
+    frame = pd.read_parquet(path)
+    table = (
+        frame.groupby(["algorithm", "mode"], sort=False)
+        .agg(
+            round_ms=("seconds_per_round", lambda s: 1000 * s.median()),
+            user_steps_per_second=("user_steps_per_second", "median"),
+            repeats=("user_steps_per_second", lambda s: f"{s.min():,.0f}-{s.max():,.0f}"),
+        )
+        .reset_index()
+    )
+    rate = table.set_index(["algorithm", "mode"])["user_steps_per_second"]
+    gain = rate["local", "spans"] / rate["local", "one call a round"]
+    table.columns = ["algorithm", "mode", "round (ms)", "user-steps/s", "repeats' range"]
+    table["round (ms)"] = table["round (ms)"].round(1)
+    table["user-steps/s"] = table["user-steps/s"].round(0).astype(int)
+    return [
+        "## Rounds in spans",
+        "",
+        f"`python experiments/bench/spans.py` (the MNIST workload, "
+        f"{int(frame['rounds'].iloc[0])} rounds a run, default placement, medians of "
+        f"{frame['repeat'].nunique()} runs a mode, alternating). Local's server never "
+        "moves, so each actor gets the rounds up to the next checkpoint (20 here) in one "
+        "call; `one call a round` is the same run with spans off. FedAvg's local work is "
+        "the same arithmetic, but each round waits for the model of the one before.",
+        "",
+        _machine(frame),
+        "",
+        _markdown(table),
+        "",
+        f"- Spans run Local at {gain:.2f}x one call a round: the weights' put, the calls "
+        "and the sums' wait are paid once a span instead of once a round.",
+    ]
+
+
 def flower_section() -> list[str]:
     """FedAvg on Flower's simulation engine beside perfed-ray (flower.py), if measured."""
     path = RESULTS / "flower.parquet"
@@ -711,6 +750,8 @@ def write_report() -> None:
         *throughput_section(),
         "",
         *breakdown_section(),
+        "",
+        *spans_section(),
         "",
         *scale_section(),
         "",
