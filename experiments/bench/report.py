@@ -509,7 +509,7 @@ def gpu_section(frame: pd.DataFrame | None) -> list[str]:
         "",
         "`python experiments/bench/gpu.py`, then with NVIDIA's MPS daemon running "
         "(`nvidia-cuda-mps-control -d`) `python experiments/bench/gpu.py --ray-only --users "
-        "1000 --actors 8 4` (the `MPS` rows). MNIST workload: the paper's MLP, batch 40, "
+        "1000 --actors 8` (the `MPS` rows). MNIST workload: the paper's MLP, batch 40, "
         "tau = 10, MNIST split iid over 1000 users (the paper's split cannot make 1000 users), "
         "U of them a round; one process on the GPU without Ray, or perfed-ray on a local Ray "
         "with actors sharing the GPU (default placement: at most four actors a GPU; or "
@@ -536,7 +536,8 @@ def gpu_section(frame: pd.DataFrame | None) -> list[str]:
         "holds hundreds of users. The fused engine runs all of an actor's users in one "
         "block on a GPU (16 a block on a CPU), and a round's batch indices for all its "
         "users come out of one vectorised shuffle on the actor's device "
-        "(`perfed_ray/data/permutations.py`), equal to `torch.randperm`'s. The CPU work "
+        "(`perfed_ray/data/permutations.py`), equal to `torch.randperm`'s, and are gathered "
+        "in one call from the users' shards laid end to end. The CPU work "
         "left (the users' seeds, the Mersenne Twister words, the Python between kernels) "
         "is what more actors share out, and what the GPU waits for.",
         "- Without MPS a GPU runs one process's kernels at a time, so more actors queue: "
@@ -576,9 +577,7 @@ def repeats_note(repeats: pd.DataFrame | None, hf: str) -> list[str]:
     )
     return [
         "- The same machine, other invocations of `gpu.py --ray-only --users 1000 --actors "
-        f"...` in the same session (`gpu-repeats.parquet`), HF: {runs}. Between "
-        "invocations the default placement moves by a few per cent, about as much as it "
-        "stands from the H100 target."
+        f"...` in the same session (`gpu-repeats.parquet`), HF: {runs}."
     ]
 
 
