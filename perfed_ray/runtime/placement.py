@@ -106,7 +106,7 @@ def plan(cfg: RunConfig, nodes: Nodes) -> Placement:
 
     With GPUs and both requests `auto`, at most ACTORS_PER_GPU actors share a GPU: a
     GPU runs one process's kernels at a time unless MPS is on, and on an H100, HF's
-    1000 users a round ran at 50,000 user-steps/s with 16 actors on it, 96,000 with 4
+    1000 users a round ran at 54,000 user-steps/s with 16 actors on it, 108,000 with 4
     (BENCHMARKS.md, GPU). A configured share sets the count instead.
     """
     cpus, gpus = capacity(cfg, nodes)
