@@ -37,6 +37,21 @@ def _run(out: Path, **values) -> tuple[pd.DataFrame, pd.DataFrame]:
     return read_table(out, "rounds"), evals
 
 
+def test_a_span_ends_at_the_next_evaluation_checkpoint_or_last_round():
+    cfg = from_mapping({**LOCAL, "eval_every": 4, "checkpoint_every": 6})
+    assert [rounds.span_of(cfg, k, 100) for k in (1, 5, 7, 9)] == [
+        [1, 2, 3, 4],
+        [5, 6],
+        [7, 8],
+        [9, 10, 11, 12],
+    ]
+    assert rounds.span_of(cfg, 1, 1) == [1] and rounds.span_of(cfg, 9, 2) == [9, 10]
+    late = from_mapping({**LOCAL, "eval_every": 1, "eval_from": 10, "checkpoint_every": 20})
+    assert rounds.span_of(late, 1, 100) == list(range(1, 11))  # no evaluation before 10
+    assert rounds.span_of(late, 11, 100) == [11]
+
+
+@pytest.mark.slow
 def test_a_fixed_servers_rounds_go_in_spans_with_the_numbers_of_single_rounds(
     ray_session, tmp_path, monkeypatch
 ):
@@ -65,6 +80,7 @@ def test_an_actor_killed_inside_a_span_rolls_the_run_back_to_the_same_numbers(
     pd.testing.assert_frame_equal(reference[1][EVAL_KEYS], rolled[1][EVAL_KEYS])
 
 
+@pytest.mark.slow
 def test_a_method_that_declares_a_fixed_server_but_moves_it_is_stopped(
     ray_session, tmp_path, monkeypatch
 ):

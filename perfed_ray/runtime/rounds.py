@@ -35,6 +35,19 @@ SPAN_SECONDS = 1.0
 SPAN_BYTES = 2**26
 
 
+def span_of(cfg: RunConfig, round_: int, length: int) -> list[int]:
+    """Up to `length` rounds from round k, ending at the next evaluation or checkpoint
+    (which need the users' states of that round) or the last round."""
+    evaluation = max(round_, cfg.eval_from)
+    ends = (
+        round_ + length - 1,
+        cfg.rounds,
+        -(-round_ // cfg.checkpoint_every) * cfg.checkpoint_every,
+        -(-evaluation // cfg.eval_every) * cfg.eval_every,
+    )
+    return list(range(round_, min(ends) + 1))
+
+
 class Diverged(RuntimeError):
     """Local training produced NaN or infinite weights or losses."""
 
@@ -180,19 +193,8 @@ class Rounds:
 
     def _span(self, round_: int) -> list[int]:
         """The rounds that go in one call from round k: k alone, unless the server's model
-        never moves; then up to `span_length` rounds, ending at the next evaluation or
-        checkpoint (which need the users' states of that round)."""
-        cfg = self.cfg
-        if not self.server.fixed:
-            return [round_]
-        evaluation = max(round_, cfg.eval_from)
-        ends = (
-            round_ + self.span_length - 1,
-            cfg.rounds,
-            -(-round_ // cfg.checkpoint_every) * cfg.checkpoint_every,
-            -(-evaluation // cfg.eval_every) * cfg.eval_every,
-        )
-        return list(range(round_, min(ends) + 1))
+        never moves."""
+        return span_of(self.cfg, round_, self.span_length) if self.server.fixed else [round_]
 
     def _resize(self, span: list[int], seconds: float) -> None:
         """The next span's length, from this one's rounds' seconds (evaluations and
