@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,9 @@ from ray.exceptions import RayActorError
 from perfed_ray.errors import first_line
 from perfed_ray.runtime.placement import balanced, host_finder, hosted
 from perfed_ray.runtime.pool import ActorPool, StateLost
+
+if TYPE_CHECKING:  # an actor's answer; the actor module loads torch
+    from perfed_ray.runtime.actor import UpdateSum
 
 
 @dataclass
@@ -36,7 +40,7 @@ class Sums:
     diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
     actor_seconds: float = 0.0  # the slowest actor's own time: the round's work, not transport
 
-    def add(self, part, users: list[int]) -> None:
+    def add(self, part: UpdateSum, users: list[int]) -> None:
         """An actor's part (its `UpdateSum`) of the round, trained by `users`."""
         if not (np.isfinite(part.total).all() and np.isfinite(part.loss_sum)):
             self.diverged += users
