@@ -36,6 +36,7 @@ DRIVER = textwrap.dedent(
     local_ray.stop()
     print(json.dumps({
         "seconds": time.perf_counter() - began,
+        "system_config": node._ray_params._system_config,
         "initialized": ray.is_initialized(),
         "kinds": sorted({kind for kind, _ in processes}),
         "alive": [kind for kind, p in processes if p.poll() is None],
@@ -58,6 +59,8 @@ def test_a_runs_own_ray_is_stopped_whole_without_the_monitors_grace():
     assert not report["initialized"]
     assert "monitor" in report["kinds"] and "raylet" in report["kinds"]
     assert report["alive"] == []
+    # a model's sums come back inline with the reply, not through the object store
+    assert report["system_config"]["max_direct_call_object_size"] == local_ray.INLINE_BYTES
     # Ray's own shutdown gives the monitor its full second's grace (SIGTERM, which it
     # waits out); the others stop within milliseconds each.
     assert report["seconds"] < 1.0, report

@@ -26,6 +26,12 @@ from perfed_ray.runtime.environment import plugin_modules
 # Ray's name for the autoscaler's monitor among its node's processes.
 _MONITOR = "monitor"
 _started = False  # this process started the local Ray it is connected to
+# Objects up to this size travel inline with a call or its reply instead of through the
+# object store (Ray's default: 100 KB): the MLP's weights (272 KB) out and each actor's
+# float64 sum (545 KB) back, 1.4 ms sooner a round here (10.0 against 8.6 ms for two
+# actors' bare round); larger models' (LeNet's 2.4 MB sums) stay in the store, where
+# inline replies were slower still (14-15 against 20-22 ms).
+INLINE_BYTES = 2**20
 
 
 def start(configs: Iterable[RunConfig]) -> None:
@@ -41,8 +47,18 @@ def start(configs: Iterable[RunConfig]) -> None:
         include_dashboard=False,
         logging_level=logging.WARNING,
         runtime_env={"py_modules": modules} if modules else None,
+        _system_config={"max_direct_call_object_size": INLINE_BYTES} if _new_node() else None,
     )
     _started = True
+
+
+def _new_node() -> bool:
+    """Whether `ray.init()` starts a Ray of its own here rather than joining one (named by
+    RAY_ADDRESS, or started by `ray start` on this machine), as Ray itself decides: only
+    a new one takes a system configuration (private: checked)."""
+    services = getattr(ray._private, "services", None)
+    canonical = getattr(services, "canonicalize_bootstrap_address", None)
+    return canonical is not None and canonical(None) is None
 
 
 @atexit.register  # after Ray's own hook (registered when ray was imported): runs before it
