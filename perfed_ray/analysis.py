@@ -158,8 +158,16 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
 
 
 OUTCOME = {"rounds": ["round"], "evals": ["round", "user", "draw"], "events": ["round", "kind"]}
-# How long it took and the run's name: not results.
-MEASURED = ["wall_seconds", "train_seconds", "actor_seconds", "server_seconds", "run_id"]
+# How long it took, how the weights travelled (a span of rounds sends them once, and
+# where spans end follows the time rounds take) and the run's name: not results.
+MEASURED = [
+    "wall_seconds",
+    "train_seconds",
+    "actor_seconds",
+    "server_seconds",
+    "bytes_sent",
+    "run_id",
+]
 
 
 def outcome(out: str | Path) -> dict[str, pd.DataFrame]:

@@ -20,7 +20,7 @@ SPREAD = {**TINY, "n_users": 6, "fraction": 1 / 6, "rounds": 3, "eval_every": 3}
 
 
 def _tables(result) -> dict[str, pd.DataFrame]:
-    rounds = result.table("rounds").drop(columns=[*MEASURED, "bytes_sent", "bytes_received"])
+    rounds = result.table("rounds").drop(columns=[*MEASURED, "bytes_received"])
     evals = result.table("evals").sort_values(["round", "user", "draw"]).reset_index(drop=True)
     return {"rounds": rounds.drop(columns="trained_users"), "evals": evals[["acc_after"]]}
 

@@ -55,6 +55,7 @@ def test_a_span_ends_at_the_next_evaluation_checkpoint_or_last_round():
 def test_a_fixed_servers_rounds_go_in_spans_with_the_numbers_of_single_rounds(
     ray_session, tmp_path, monkeypatch
 ):
+    monkeypatch.setattr(rounds, "SPAN_SECONDS", 1e9)  # every span as long as it may be
     spans, spans_evals = _run(tmp_path / "spans", trained_users="all")
     monkeypatch.setattr(rounds, "SPAN_SECONDS", 0.0)  # one round a call
     single, single_evals = _run(tmp_path / "single", trained_users="all")
@@ -71,6 +72,7 @@ def test_a_fixed_servers_rounds_go_in_spans_with_the_numbers_of_single_rounds(
 def test_an_actor_killed_inside_a_span_rolls_the_run_back_to_the_same_numbers(
     ray_session, tmp_path, monkeypatch
 ):
+    monkeypatch.setattr(rounds, "SPAN_SECONDS", 1e9)  # spans 1, 2-4, 5-6, 7-8, 9-12
     reference = _run(tmp_path / "reference")
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0, inside the span of rounds 2-4
     rolled = _run(tmp_path / "rolled")
