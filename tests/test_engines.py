@@ -129,7 +129,7 @@ def test_grouped_runs_blocks_of_users_with_different_numbers_of_steps(name, valu
     )
 
 
-@pytest.mark.parametrize("name", ["pfedme", "fedrep", "fedprox", "apfl"])
+@pytest.mark.parametrize("name", ["perfedavg-hf", "pfedme", "fedrep", "fedprox", "apfl"])
 def test_logistic_regression_is_a_chain_the_fused_engine_runs(name):
     logreg = build_model("logreg", (1, 28, 28), 10)
     assert len(chain_of(logreg)) == 1

@@ -43,7 +43,7 @@ def _pairwise(many, one, a: Params, b: Params) -> Params:
     """`one` leaf by leaf, or `many` (its multi-tensor form) on every leaf at once."""
     leaves, spec = pytree.tree_flatten(a)
     others = spec.flatten_up_to(b)
-    if eager_plain(leaves) and eager_plain(others):
+    if leaves and eager_plain(leaves) and eager_plain(others):  # the kernels take no []
         return pytree.tree_unflatten(many(leaves, others), spec)
     return tree_map(one, a, b)
 
