@@ -1,5 +1,5 @@
-"""Models: the paper's MLP (Section 5), multinomial logistic regression and a small
-CNN, used as pure functions.
+"""Models: the paper's MLP (Section 5), multinomial logistic regression and the CNNs
+of the methods' and tools' benchmarks, used as pure functions.
 
 Every model takes flattened inputs (the protocol's layout, scaled by `input_scale`), so the
 data pipeline is the same whichever model a run picks; the CNN restores the
@@ -129,6 +129,51 @@ class LeNet(nn.Module):
             nn.ReLU(),
             nn.Linear(64, n_classes),
         )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x.view(-1, *self.input_shape)))
+
+    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
+        """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""
+        return self.input_shape, _chain(self, "features", "classifier")
+
+
+class SimpleCNN(nn.Module):
+    """pfl-research's `simple_cnn` (apple/pfl-research, benchmarks/model/pytorch/cnn.py),
+    the model of their CIFAR-10 benchmark: 3x3 convolutions to 32 and 64 channels without
+    padding, each followed by ReLU, 2x2 max-pooling, dropout 0.25, a dense layer of 128
+    with ReLU, dropout 0.5, and the output layer; Xavier-uniform weights (theirs, to match
+    their TensorFlow model), PyTorch's default biases.
+
+    Their model takes images channels-last and transposes them; ours are channels-first
+    already. Dropout is applied in training steps (local and personalisation) with masks
+    from the run's keyed streams (:mod:`perfed_ray.dropout`), never in scoring."""
+
+    images = True
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
+        super().__init__()
+        self.input_shape = tuple(input_shape)
+        channels, height, width = self.input_shape
+        side = (height - 4) // 2, (width - 4) // 2
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, 3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.25),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * side[0] * side[1], 128),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(128, n_classes),
+        )
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x.view(-1, *self.input_shape)))

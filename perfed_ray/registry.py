@@ -197,6 +197,7 @@ MODELS = Registry(
         "cnn": "perfed_ray.models:CNN",
         "logreg": "perfed_ray.models:LogReg",
         "lenet": "perfed_ray.models:LeNet",
+        "simple_cnn": "perfed_ray.models:SimpleCNN",
     },
     group="perfed_ray.models",
     base="torch.nn:Module",
