@@ -152,7 +152,8 @@ class RunConfig:
     model: str = _opt(
         "mlp",
         "model: the paper's MLP (80, 60, ELU), a small CNN, FedRep's authors' CIFAR CNN "
-        "(lenet) or multinomial logistic regression (logreg)",
+        "(lenet), pfl-research's CIFAR-10 CNN with dropout (simple_cnn) or multinomial "
+        "logistic regression (logreg)",
         registry=True,
     )
     seed: int = _opt(0, "seed of everything random in the run", low=0)

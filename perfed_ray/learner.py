@@ -21,6 +21,7 @@ from perfed_ray.config import RunConfig
 from perfed_ray.data import Shard
 from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
+from perfed_ray.dropout import Masks, Site, index, round_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
@@ -69,6 +70,14 @@ class Learner:
         if start not in ("global", "initial"):
             raise ValueError(f"state_start = {start!r}: it is 'global' or 'initial'")
         self.initial = params_of(model) if start == "initial" else None
+        self._sites: list[Site] | None = None
+
+    def sites(self, shard: Shard) -> list[Site]:
+        """The model's dropout sites (none for most models), found on first use from
+        the shape of a shard's samples."""
+        if self._sites is None:
+            self._sites = sites(self.model, shard.x_train.shape[1:])
+        return self._sites
 
     def _state(
         self, user: int, server: Params, visiting: Mapping[int, np.ndarray | None] | None = None
@@ -85,12 +94,13 @@ class Learner:
 
     def block_batches(
         self, users: list[int], round_: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Masks | None]:
         """Fresh batches for each step of a round, for several users, stacked:
-        x [U, T, per_step, B, ...], gathered straight into place, and each user's number
-        of steps (None: all take tau). With `local_epochs` users take different numbers
-        of steps: T is the most, and a user's steps past its own repeat its first batch
-        (masked by the engine)."""
+        x [U, T, per_step, B, ...], gathered straight into place, each user's number
+        of steps (None: all take tau) and the batches' dropout masks (None: the model
+        has none). With `local_epochs` users take different numbers of steps: T is the
+        most, and a user's steps past its own repeat its first batch (masked by the
+        engine)."""
         first, cfg, algorithm = self.shards[users[0]], self.cfg, self.algorithm
         sizes = [self.n_train(u) for u in users]
         if cfg.local_epochs is None:  # one call for every user's indices
@@ -135,7 +145,10 @@ class Learner:
             for i, (u, own) in enumerate(zip(users, steps.tolist(), strict=True)):
                 gen = torch_generator(cfg.seed, Stream.AUGMENTATION, u, round_)
                 x[i, :own] = self.augment(x[i, :own], gen)
-        return x, y, steps.to(self.device) if cfg.steps_vary else None
+        masks = round_masks(
+            cfg.seed, users, (round_,), steps.tolist(), shape[2:], self.sites(first), self.device
+        )
+        return x, y, steps.to(self.device) if cfg.steps_vary else None, masks
 
     def train(
         self,
@@ -151,9 +164,9 @@ class Learner:
         if self.cfg.steps_vary:  # users of like sizes in the same blocks
             order = sorted(range(len(users)), key=lambda i: -len(self.shards[users[i]].y_train))
             users = [users[i] for i in order]
-        x, y, steps = self.block_batches(users, round_)
+        x, y, steps, masks = self.block_batches(users, round_)
         states = stack([self._state(u, server, visiting) for u in users])
-        models, losses, new_states = self.engine.run(server, x, y, states, steps)
+        models, losses, new_states = self.engine.run(server, x, y, states, steps, masks)
         if new_states is not None:
             for user, state in zip(users, unstack(new_states, len(users)), strict=True):
                 vector = self.state_layout.flatten(state)
@@ -191,18 +204,19 @@ class Learner:
         hits = (logits.argmax(dim=-1) == y).to(mask.dtype)
         return (hits * mask).sum(-1) / n, (losses * mask).sum(-1) / n
 
-    def _curve(self, ops, server, state, x, y, x_test, y_test, mask, before):
+    def _curve(self, ops, server, state, x, y, masks, x_test, y_test, mask, before):
         """Scores before and after each personalisation step, [..., steps + 1]: one
-        user's (under ``vmap``) or a stacked block's, whose batches x come step-major
-        ([batches, U, B, ...]); `before` is the server's, the first score where
-        personalisation starts there."""
+        user's (under ``vmap``) or a stacked block's, whose batches x (and dropout
+        `masks`) come step-major ([batches, U, B, ...]); `before` is the server's, the
+        first score where personalisation starts there."""
         per_step = self.algorithm.personalise_batches
         personal = self.algorithm.personal_model(ops, server, state)
         scores = [
             before if personal is server else self._score(ops, personal, x_test, y_test, mask)
         ]
         for step in range(self.cfg.personalise_steps):
-            batches = [(x[step * per_step + j], y[step * per_step + j]) for j in range(per_step)]
+            at = [step * per_step + j for j in range(per_step)]
+            batches = [(x[i], y[i]) if masks is None else (x[i], y[i], index(masks, i)) for i in at]
             personal = self.algorithm.personalise(ops, personal, state, batches)
             scores.append(self._score(ops, personal, x_test, y_test, mask))
         accs, losses = zip(*scores, strict=True)
@@ -262,17 +276,23 @@ class Learner:
         stacked = self.engine.ops
         if stacked is None:
             score = partial(torch.func.vmap(self._score, in_dims=(None, None, 0, 0, 0)), self.ops)
+            masks_axis = None if not self.sites(first) else 0
             curve = partial(
-                torch.func.vmap(self._curve, in_dims=(None, None, state_axis, 0, 0, 0, 0, 0, 0)),
+                torch.func.vmap(
+                    self._curve, in_dims=(None, None, state_axis, 0, 0, masks_axis, 0, 0, 0, 0)
+                ),
                 self.ops,
             )
         else:  # the engine's maths for the whole block: no per-user autodiff
             server = per_user_copies(server, len(users))
             score = partial(self._score, stacked)
 
-            def curve(server, states, x, y, *test):
+            def curve(server, states, x, y, masks, *test):
+                step_major = (
+                    None if masks is None else {k: m.transpose(0, 1) for k, m in masks.items()}
+                )
                 return self._curve(
-                    stacked, server, states, x.transpose(0, 1), y.transpose(0, 1), *test
+                    stacked, server, states, x.transpose(0, 1), y.transpose(0, 1), step_major, *test
                 )
 
         before = score(server, x_test, y_test, mask)
@@ -287,11 +307,11 @@ class Learner:
             "loss_before": before[1].double().cpu().numpy(),
         }
         parts = []
-        for draw in range(draws):
+        for draw_ in range(draws):
             idx = [
                 torch.stack(
                     evaluation_indices(
-                        self.cfg.seed, u, round_, draw, len(y), self.cfg.batch_size, batches
+                        self.cfg.seed, u, round_, draw_, len(y), self.cfg.batch_size, batches
                     )
                 )
                 for u, (_, y) in zip(users, sources, strict=True)
@@ -299,15 +319,24 @@ class Learner:
             x = torch.stack([gather(x, i) for (x, _), i in zip(sources, idx, strict=True)])
             if self.augment is not None and not on_test:  # training images only
                 for i, u in enumerate(users):
-                    gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_, draw)
+                    gen = torch_generator(self.cfg.seed, Stream.AUGMENTATION, u, round_, draw_)
                     x[i] = self.augment(x[i], gen)
             y = torch.stack([gather(y, i) for (_, y), i in zip(sources, idx, strict=True)])
-            accs, losses = curve(server, states, x, y, x_test, y_test, mask, before)
+            masks = round_masks(
+                self.cfg.seed,
+                users,
+                (round_, draw_),
+                [batches] * len(users),
+                (self.cfg.batch_size,),
+                self.sites(first),
+                self.device,
+            )
+            accs, losses = curve(server, states, x, y, masks, x_test, y_test, mask, before)
             accs, losses = accs.double().cpu().numpy(), losses.double().cpu().numpy()
             parts.append(
                 {
                     **fixed,
-                    "draw": np.full(len(users), draw, dtype=np.int64),
+                    "draw": np.full(len(users), draw_, dtype=np.int64),
                     "acc_after": accs[:, -1],
                     "loss_after": losses[:, -1],
                     "acc_steps": accs,

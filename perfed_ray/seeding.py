@@ -29,6 +29,7 @@ class Stream(enum.IntEnum):
     SHARED_DATA = 9
     VALIDATION = 10
     AUGMENTATION = 11
+    DROPOUT = 12
 
 
 def stream_seed(seed: int, stream: Stream, *keys: int) -> int:

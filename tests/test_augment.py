@@ -74,9 +74,9 @@ def _learner(augment: str, engine: str = "sequential", **changes) -> Learner:
 
 def test_a_users_augmented_batches_are_its_own_whatever_its_block():
     plain, augmented = _learner("none"), _learner("crop-flip")
-    x_plain, y_plain, _ = plain.block_batches([0, 1, 2], round_=4)
-    x_block, y_block, _ = augmented.block_batches([0, 1, 2], round_=4)
-    x_alone, y_alone, _ = augmented.block_batches([2], round_=4)
+    x_plain, y_plain, *_ = plain.block_batches([0, 1, 2], round_=4)
+    x_block, y_block, *_ = augmented.block_batches([0, 1, 2], round_=4)
+    x_alone, y_alone, *_ = augmented.block_batches([2], round_=4)
     assert torch.equal(y_block, y_plain)  # the same samples, drawn as before
     assert not torch.equal(x_block, x_plain)
     assert torch.equal(x_block[2], x_alone[0]) and torch.equal(y_block[2], y_alone[0])
@@ -103,9 +103,9 @@ def test_users_of_different_sizes_get_the_same_augmented_batches_alone_or_togeth
     )
     sizes = [len(learner.shards[u].y_train) for u in (0, 1, 2)]
     assert len(set(sizes)) > 1  # padded to the longest in a block
-    x_block, _, steps = learner.block_batches([0, 1, 2], round_=1)
+    x_block, _, steps, _ = learner.block_batches([0, 1, 2], round_=1)
     for i, u in enumerate((0, 1, 2)):
-        x_alone, _, _ = learner.block_batches([u], round_=1)
+        x_alone, *_ = learner.block_batches([u], round_=1)
         own = int(steps[i])
         assert torch.equal(x_block[i, :own], x_alone[0, :own])
 

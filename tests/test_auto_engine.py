@@ -189,9 +189,9 @@ def test_auto_times_a_round_shaped_as_the_real_one(sets, expected, quick, monkey
         engine = make(name, *args)
         run = engine.run
 
-        def recorded(server, x, y, states, steps=None):
+        def recorded(server, x, y, states, steps=None, masks=None):
             seen.append((x.shape[1], steps))
-            return run(server, x, y, states, steps)
+            return run(server, x, y, states, steps, masks)
 
         engine.run = recorded
         return engine

@@ -47,7 +47,7 @@ def _work(users: int, tau: int = 3, seed: int = 0, shape=(1, 28, 28), batch: int
     return x, y
 
 
-def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28)):
+def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28), masks=None):
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
     model = build_model(cfg.model, shape, 10, seed=0)
     algorithm = ALGORITHMS.load(name)(cfg)
@@ -58,7 +58,7 @@ def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28
         if first is None
         else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
-    return make_engine(engine, algorithm, model, compile).run(server, x, y, states, steps)
+    return make_engine(engine, algorithm, model, compile).run(server, x, y, states, steps, masks)
 
 
 # Parameters: float32 rounding of batched against per-user products, grown over a few

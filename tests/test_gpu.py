@@ -21,7 +21,7 @@ def _round(cfg, prepared, device: str, users: list[int]):
     model = simulation.initial_model(cfg, prepared.source([])).to(device)
     shards = prepared.source(users).shards(users, torch.device(device), prepared.data)
     learner = Learner(cfg, model, shards)
-    x, y, _ = learner.block_batches(users, 3)
+    x, y, *_ = learner.block_batches(users, 3)
     models, losses = learner.train(params_of(model), users, 3)
     return (x.cpu(), y.cpu()), {k: v.cpu() for k, v in models.items()}, losses.cpu()
 
@@ -36,6 +36,7 @@ def _round(cfg, prepared, device: str, users: list[int]):
         ({"algorithm": "ditto", "engine": "vmap"}, 6),
         ({"algorithm": "fedavg", "engine": "grouped", "model": "cnn", "tau": 2}, 5),
         ({"algorithm": "perfedavg-hf", "engine": "grouped", "model": "cnn", "tau": 2}, 5),
+        ({"algorithm": "fedavg", "engine": "grouped", "model": "simple_cnn", "tau": 2}, 5),
     ],
 )
 def test_a_round_on_the_gpu_is_the_cpus(values, users):

@@ -65,7 +65,7 @@ def _personal_model(name: str, start_model: dict, server: dict) -> dict:
 def _states_after(learner: Learner, server: dict, start_model: dict) -> list[dict]:
     """Each user's state after one round from `start_model`'s state, one user at a time."""
     algorithm, ops = learner.algorithm, FunctionalOps(learner.model)
-    x, y, _ = learner.block_batches(USERS, ROUND)
+    x, y, *_ = learner.block_batches(USERS, ROUND)
     first = algorithm.init_user_state(start_model)
     return [
         client_update(algorithm, ops, server, steps_of(x[i], y[i]), first)[2]

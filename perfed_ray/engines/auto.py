@@ -38,6 +38,7 @@ from torch import nn
 
 from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.config import RunConfig
+from perfed_ray.dropout import index, random_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import Engine, stack
 from perfed_ray.engines.grouped import grouped_chain
@@ -153,6 +154,8 @@ def measure(
     x = torch.rand(*shape, math.prod(work.input_shape), generator=gen).to(device)
     y = torch.randint(0, work.n_classes, shape, generator=gen).to(device)
     states = stack([algorithm.init_user_state(server)] * users)
+    masks = random_masks(sites(model, x.shape[-1:]), shape)
+    masks = None if masks is None else {k: m.to(device) for k, m in masks.items()}
     # users' own counts where they vary, as Learner passes them
     steps = torch.full((users,), shape[1], device=device) if cfg.steps_vary else None
     engines = {name: make_engine(name, algorithm, model, False) for name in candidates(model)}
@@ -165,6 +168,7 @@ def measure(
             y[:n],
             None if states is None else tree_map(lambda s: s[:n], states),
             None if steps is None else steps[:n],
+            index(masks, slice(n)),
         )
         if device.type == "cuda":
             torch.cuda.synchronize(device)

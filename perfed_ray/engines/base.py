@@ -17,18 +17,24 @@ from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.base import Algorithm, Batch, ModelOps
 from perfed_ray.algorithms.tree import Params
+from perfed_ray.dropout import Masks, index, keyed
 
 Result = tuple[Params, torch.Tensor, Params | None]  # models [U, ...], losses [U], states
 
 
-def steps_of(x: torch.Tensor, y: torch.Tensor, axis: int = 0) -> list[list[Batch]]:
+def steps_of(
+    x: torch.Tensor, y: torch.Tensor, axis: int = 0, masks: Masks | None = None
+) -> list[list[Batch]]:
     """Per local step, its batches: x is [..., tau, batches_per_step, B, ...] with tau at
-    `axis` (0 for one user, 1 for users stacked in front)."""
+    `axis` (0 for one user, 1 for users stacked in front); a batch carries its dropout
+    masks, laid out as x, where the model has dropout sites."""
     pick = (slice(None),) * axis
-    return [
-        [(x[(*pick, t, j)], y[(*pick, t, j)]) for j in range(x.shape[axis + 1])]
-        for t in range(x.shape[axis])
-    ]
+
+    def batch(t: int, j: int) -> Batch:
+        where = (*pick, t, j)
+        return (x[where], y[where]) if masks is None else (x[where], y[where], index(masks, where))
+
+    return [[batch(t, j) for j in range(x.shape[axis + 1])] for t in range(x.shape[axis])]
 
 
 def per_user_copies(server: Params, n: int) -> Params:
@@ -64,6 +70,7 @@ class Engine:
     def __init__(self, algorithm: Algorithm, model: nn.Module, compile: bool = False) -> None:
         self.algorithm = algorithm
         self.model = model
+        keyed(model)  # its dropout, if any, from keyed masks only
 
     def run(
         self,
@@ -72,10 +79,12 @@ class Engine:
         y: torch.Tensor,
         states: Params | None,
         steps: torch.Tensor | None = None,
+        masks: Masks | None = None,
     ) -> Result:
         """x [U, T, batches_per_step, B, ...], y likewise; `states` stacked [U, ...];
         `steps` [U], the local steps each user takes (the first of the T; all T when
-        None): users of different sizes under `local_epochs`."""
+        None): users of different sizes under `local_epochs`; `masks` the dropout masks
+        of every sample, laid out as x (:mod:`perfed_ray.dropout`)."""
         raise NotImplementedError
 
 

@@ -10,6 +10,7 @@ from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.base import Batch
 from perfed_ray.algorithms.tree import Params, Scalar, axpy, sub
+from perfed_ray.dropout import Masks, applying
 
 
 class Curvature:
@@ -31,11 +32,14 @@ class FunctionalOps(Curvature):
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
-    def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, params, (x,))
+    def logits(self, params: Params, x: torch.Tensor, masks: Masks | None = None) -> torch.Tensor:
+        with applying(masks):
+            return functional_call(self.model, params, (x,))
 
-    def _loss(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(self.logits(params, x), y)
+    def _loss(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, masks: Masks | None = None
+    ) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.logits(params, x, masks), y)
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:
         return self._loss(params, *batch)

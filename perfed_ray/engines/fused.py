@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from perfed_ray.algorithms.base import client_update
+from perfed_ray.dropout import index
 from perfed_ray.engines.base import Engine, Result, active_steps, per_user_copies, steps_of
 from perfed_ray.engines.stacked import StackedOps, chain_of
 
@@ -66,7 +67,7 @@ class Fused(Engine):
             raise ValueError(f"{type(model).__name__} declares no fused_layers()")
         return StackedOps(layers)
 
-    def block(self, server, x, y, states, steps) -> Result:
+    def block(self, server, x, y, states, steps, masks=None) -> Result:
         """One block; with `steps`, only as many of the T steps as its busiest user takes
         (users sorted by their steps make blocks of like users), the rest masked."""
         n = len(x)
@@ -75,11 +76,11 @@ class Fused(Engine):
         if steps is not None:
             longest = int(steps.max())
             x, y, active = x[:, :longest], y[:, :longest], active_steps(steps, longest).T
-        return client_update(
-            self.algorithm, self.ops, stacked, steps_of(x, y, axis=1), states, self.step, active
-        )
+            masks = index(masks, (slice(None), slice(longest)))
+        batches = steps_of(x, y, axis=1, masks=masks)
+        return client_update(self.algorithm, self.ops, stacked, batches, states, self.step, active)
 
-    def run(self, server, x, y, states, steps=None) -> Result:
+    def run(self, server, x, y, states, steps=None, masks=None) -> Result:
         parts, size = [], self.block_users
         for start in range(0, len(x), size):
             cut = slice(start, start + size)
@@ -89,7 +90,9 @@ class Fused(Engine):
                 else torch.utils._pytree.tree_map(lambda s, c=cut: s[c], states)
             )
             block_steps = None if steps is None else steps[cut]
-            parts.append(self.block(server, x[cut], y[cut], block_states, block_steps))
+            parts.append(
+                self.block(server, x[cut], y[cut], block_states, block_steps, index(masks, cut))
+            )
         if len(parts) == 1:
             return parts[0]
         models, losses, new_states = zip(*parts, strict=True)

@@ -19,6 +19,7 @@ from torch.func import grad, grad_and_value
 
 from perfed_ray.algorithms.base import Batch
 from perfed_ray.algorithms.tree import Params
+from perfed_ray.dropout import Masks, apply
 from perfed_ray.engines.functional import Curvature
 from perfed_ray.engines.fused import Fused
 from perfed_ray.engines.stacked import PerUser
@@ -44,6 +45,8 @@ def grouped_chain(model: nn.Module) -> tuple[tuple[int, ...], Chain] | None:
             fits, image = image and module.start_dim == 1 and module.end_dim == -1, False
         elif isinstance(module, nn.Linear):
             fits = not image
+        elif type(module) is nn.Dropout:
+            fits = True
         else:
             fits = isinstance(module, PER_CHANNEL) and (image or not hasattr(module, "kernel_size"))
         if not fits:
@@ -58,8 +61,9 @@ class GroupedOps(PerUser, Curvature):
         self.input_shape = input_shape
         self.chain = chain
 
-    def logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        """x [U, B, features] -> [U, B, classes]."""
+    def logits(self, params: Params, x: torch.Tensor, masks: Masks | None = None) -> torch.Tensor:
+        """x [U, B, features] -> [U, B, classes]; `masks` [U, B, ...] at each dropout site
+        (none: dropout is the identity)."""
         users, batch = x.shape[:2]
         channels, *side = self.input_shape
         h = x.reshape(users, batch, *self.input_shape).transpose(0, 1)
@@ -81,18 +85,26 @@ class GroupedOps(PerUser, Curvature):
             elif isinstance(module, nn.Linear):
                 w = params[f"{name}.weight"].transpose(1, 2)
                 h = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
+            elif isinstance(module, nn.Dropout):
+                if masks is not None and name in masks:
+                    mask = masks[name]
+                    if h.ndim > 3:  # the image layout: user u's channels a block of them
+                        mask = mask.transpose(0, 1).reshape(h.shape)
+                    h = apply(h, mask, module.p)
             else:
                 h = module(h)
         return h
 
-    def _losses(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _losses(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, masks: Masks | None = None
+    ) -> torch.Tensor:
         """Each user's mean cross-entropy, [U]."""
-        logits = self.logits(params, x)
+        logits = self.logits(params, x, masks)
         each = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
         return each.view(y.shape).mean(1)
 
-    def _total(self, params: Params, x: torch.Tensor, y: torch.Tensor):
-        losses = self._losses(params, x, y)
+    def _total(self, params: Params, x: torch.Tensor, y: torch.Tensor, masks=None):
+        losses = self._losses(params, x, y, masks)
         return losses.sum(), losses
 
     def loss(self, params: Params, batch: Batch) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from perfed_ray.algorithms.base import client_update
+from perfed_ray.dropout import index
 from perfed_ray.engines.base import Engine, Result, stack, steps_of, unstack
 from perfed_ray.engines.functional import FunctionalOps
 
@@ -13,13 +14,13 @@ class Sequential(Engine):
     """Each user's own steps alone: the reference that the batched engines, which mask
     the steps a user does not take, are tested against."""
 
-    def run(self, server, x, y, states, steps=None) -> Result:
+    def run(self, server, x, y, states, steps=None, masks=None) -> Result:
         ops = FunctionalOps(self.model)
         results = []
         for u, state in enumerate(unstack(states, len(x))):
             mine = x.shape[1] if steps is None else int(steps[u])
             active = None if steps is None else torch.ones(mine, dtype=torch.bool)
-            batches = steps_of(x[u, :mine], y[u, :mine])
+            batches = steps_of(x[u, :mine], y[u, :mine], masks=index(masks, (u, slice(mine))))
             results.append(
                 client_update(self.algorithm, ops, server, batches, state, active=active)
             )

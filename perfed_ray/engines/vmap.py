@@ -10,15 +10,18 @@ from perfed_ray.engines.functional import FunctionalOps
 
 
 class Vmap(Engine):
-    def run(self, server, x, y, states, steps=None) -> Result:
+    def run(self, server, x, y, states, steps=None, masks=None) -> Result:
         ops = FunctionalOps(self.model)
         active = None if steps is None else active_steps(steps, x.shape[1])
 
-        def one(xu, yu, state, on):
-            return client_update(self.algorithm, ops, server, steps_of(xu, yu), state, active=on)
+        def one(xu, yu, state, on, mu):
+            batches = steps_of(xu, yu, masks=mu)
+            return client_update(self.algorithm, ops, server, batches, state, active=on)
 
-        state_dim = None if states is None else 0  # stateless methods keep None
-        active_dim = None if active is None else 0
-        return vmap(one, in_dims=(0, 0, state_dim, active_dim), out_dims=(0, 0, state_dim))(
-            x, y, states, active
+        def axis(value):  # None stays None: stateless methods, equal steps, no dropout
+            return None if value is None else 0
+
+        in_dims = (0, 0, axis(states), axis(active), axis(masks))
+        return vmap(one, in_dims=in_dims, out_dims=(0, 0, axis(states)))(
+            x, y, states, active, masks
         )
