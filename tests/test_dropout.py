@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_engines import METHODS, _assert_close
@@ -132,3 +133,41 @@ def test_the_grouped_engines_evaluation_with_dropout_equals_vmaps(name):
         _scores(name, {}, "grouped", model="simple_cnn"),
         _scores(name, {}, "vmap", model="simple_cnn"),
     )
+
+
+@pytest.mark.slow
+def test_a_run_with_dropout_gives_the_same_rows_whatever_the_placement_and_engine(
+    ray_session, tmp_path
+):
+    """pfl-research's CNN on CIFAR-10 through Ray: two actors on the sequential engine,
+    and one actor for all on the grouped engine, write the same numbers."""
+    import perfed_ray
+
+    tiny = {
+        "dataset": "cifar10",
+        "partition": "iid",
+        "n_users": 40,  # users of 1,250 images, four trained and two scored
+        "fraction": 0.1,
+        "eval_users": 2,
+        "sample_final_eval": True,
+        "model": "simple_cnn",
+        "algorithm": "fedavg",
+        "rounds": 1,
+        "tau": 2,
+        "batch_size": 8,
+        "final_eval_draws": 1,
+        "personalise_steps": 2,
+    }
+    spread = perfed_ray.simulate(
+        {**tiny, "users_per_actor": 20, "engine": "sequential"}, tmp_path / "a", progress=False
+    )
+    packed = perfed_ray.simulate(
+        {**tiny, "users_per_actor": 40, "engine": "grouped"}, tmp_path / "b", progress=False
+    )
+    for table, columns in (("rounds", ["train_loss"]), ("evals", ["loss_after", "acc_after"])):
+        a, b = (r.table(table) for r in (spread, packed))
+        keys = [k for k in ("round", "user", "draw") if k in a.columns]
+        a, b = a.sort_values(keys), b.sort_values(keys)
+        assert len(a) and len(a) == len(b)
+        for column in columns:
+            np.testing.assert_allclose(a[column], b[column], rtol=1e-4)
