@@ -339,3 +339,13 @@ def test_plain_autograd_serves_plain_tensors_and_torch_func_its_transforms():
     torch.testing.assert_close(per_user["head.2.bias"][0], g_ref["head.2.bias"])
     for k in params:
         assert torch.equal(params[k], before[k])
+
+
+def test_functional_calls_look_for_tied_weights_only_in_a_model_that_has_them():
+    """A layer used twice takes the one tensor it is given in both places; a model with
+    no tie skips the search (`tie_weights=False`), with the same logits."""
+    layer = torch.nn.Linear(4, 4, bias=False)
+    tied = FunctionalOps(torch.nn.Sequential(layer, torch.nn.ReLU(), layer))
+    assert tied.tied and not FunctionalOps(build_model("cnn", SMALL, 10)).tied
+    x, w = torch.randn(3, 4), 2 * torch.eye(4)
+    torch.testing.assert_close(tied.logits({"0.weight": w}, x), torch.relu(x @ w.T) @ w.T)
