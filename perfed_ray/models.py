@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from perfed_ray.algorithms.tree import Params
+from perfed_ray.algorithms.tree import Params, eager_plain
 from perfed_ray.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
@@ -67,10 +67,24 @@ def _chain(model: nn.Module, *names: str) -> list[tuple[str, nn.Module]]:
     return [(f"{name}.{i}", m) for name in names for i, m in enumerate(getattr(model, name))]
 
 
+def as_images(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """Flattened inputs x [N, C*H*W] as the model's images [N, C, H, W]: on a CPU, run
+    eagerly (not under `torch.func`'s transforms, nor while `torch.compile` traces),
+    laid out as the model's `cpu_layout` says (channels-last: oneDNN's convolutions and
+    their gradients run faster so, experiments/bench/step_overhead.py); the same
+    numbers to rounding, in the same logical order."""
+    shaped = x.view(-1, *model.input_shape)
+    layout = getattr(model, "cpu_layout", torch.contiguous_format)
+    if layout is torch.contiguous_format or shaped.device.type != "cpu":
+        return shaped
+    return shaped.contiguous(memory_format=layout) if eager_plain([shaped]) else shaped
+
+
 class CNN(nn.Module):
     """Two 5x5 convolutions with max-pooling and one hidden layer: a second choice for images."""
 
     images = True  # needs inputs of a (channels, height, width) shape
+    cpu_layout = torch.channels_last  # the images' layout on a CPU: see `as_images`
 
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__()
@@ -92,7 +106,7 @@ class CNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x.view(-1, *self.input_shape)))
+        return self.head(self.features(as_images(x, self)))
 
     def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
         """Declares the model a chain the `grouped` engine runs: (input shape, layers)."""
@@ -107,6 +121,7 @@ class LeNet(nn.Module):
     loss; log-softmax is idempotent, so logits give the same loss and predictions."""
 
     images = True
+    cpu_layout = torch.channels_last
 
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__()
@@ -131,7 +146,7 @@ class LeNet(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x.view(-1, *self.input_shape)))
+        return self.classifier(self.features(as_images(x, self)))
 
     def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
         """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""
@@ -150,6 +165,7 @@ class SimpleCNN(nn.Module):
     from the run's keyed streams (:mod:`perfed_ray.dropout`), never in scoring."""
 
     images = True
+    cpu_layout = torch.channels_last
 
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__()
@@ -176,7 +192,7 @@ class SimpleCNN(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x.view(-1, *self.input_shape)))
+        return self.classifier(self.features(as_images(x, self)))
 
     def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
         """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""

@@ -93,7 +93,12 @@ def test_normalized_hf_with_a_zero_gradient_is_zero_not_nan():
     w = {"v": torch.ones(3, dtype=torch.float64)}
     batch = (torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.long))
     direction = _direction(
-        "perfedavg-hf", Flat(None), w, [batch] * 3, alpha=0.5, hf_delta="normalized"
+        "perfedavg-hf",
+        Flat(torch.nn.Linear(3, 1)),
+        w,
+        [batch] * 3,
+        alpha=0.5,
+        hf_delta="normalized",
     )
     torch.testing.assert_close(direction["v"], torch.zeros(3, dtype=torch.float64))
 

@@ -49,6 +49,18 @@ def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
 
 
 @pytest.mark.slow
+def test_the_step_overhead_script_times_every_mode_on_one_thread(tmp_path):
+    rows, _ = _smoke("step_overhead", tmp_path)
+    engines = {"before", "torch.func", "new memory", "NCHW"}
+    modes = {"plain", "plain, ours", "engine", "gather", "engine, actor"}
+    assert modes | {f"engine, {e}" for e in engines} == set(rows["mode"])
+    assert (rows["ms_per_step"] > 0).all() and (rows["torch_threads"] == 1).all()
+    actor = rows.set_index("mode").loc["engine, actor"]
+    assert actor["niceness"] == 0 and actor["omp_num_threads"] == "1"
+    assert (tmp_path / "step_overhead.md").read_text().count("| simple_cnn |") == len(rows)
+
+
+@pytest.mark.slow
 def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(tmp_path):
     rows, _ = _smoke("gpu", tmp_path)
     assert set(rows["device"]) == {"cuda" if torch.cuda.is_available() else "cpu"}

@@ -104,3 +104,46 @@ def test_fedavg_with_momentum_is_momentum_sgd_and_plain_sgd_keeps_no_state():
         expected = {k: expected[k] - 0.1 * buffer[k] for k in w}
     for k in w:
         torch.testing.assert_close(got[k], expected[k])
+
+
+def test_a_step_written_over_its_gradient_has_the_same_numbers_and_new_memory_otherwise():
+    """sgd(w, d, lr, into=d) writes the result over d with sgd's own numbers; it declines
+    (new memory) where writing could change a value another tensor holds: leaves sharing
+    memory, a tensor step size, `torch.func`'s transforms."""
+    from perfed_ray.algorithms.tree import sgd
+
+    gen = torch.Generator().manual_seed(0)
+    w = {"a": torch.randn(300, 40, generator=gen), "b": torch.randn(40, generator=gen)}
+    d = {k: torch.randn(v.shape, generator=gen) for k, v in w.items()}
+    expected = sgd(w, d, 0.37)
+    into = {k: v.clone() for k, v in d.items()}
+    got = sgd(w, into, 0.37, into=into)
+    for k in w:
+        assert torch.equal(got[k], expected[k]) and got[k].data_ptr() == into[k].data_ptr()
+    shared = torch.randn(40, generator=gen)
+    aliased = {"a": d["a"].clone(), "b": shared, "c": shared}
+    three = {**w, "c": w["b"]}
+    assert sgd(three, aliased, 0.37, into=aliased)["b"].data_ptr() != shared.data_ptr()
+    lr = torch.tensor(0.37)
+    assert sgd(w, into, lr, into=into)["a"].data_ptr() != into["a"].data_ptr()
+    rows = torch.func.vmap(lambda wa, da: sgd({"a": wa}, {"a": da}, 0.37, into={"a": da})["a"])
+    torch.testing.assert_close(rows(w["a"], d["a"]), expected["a"])
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"sgd.weight_decay": 0.1}, {"sgd.weight_decay": 0.1, "sgd.decay_biases": False}],
+)
+def test_sgds_consuming_step_is_its_step(values):
+    """The step that may write over the handed-over gradient gives step's numbers, and
+    step itself leaves the caller's gradient as it was."""
+    cfg = from_mapping(values)
+    rule = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
+    gen = torch.Generator().manual_seed(1)
+    w = {"x.weight": torch.randn(20, 5, generator=gen), "x.bias": torch.randn(20, generator=gen)}
+    g = {k: torch.randn(v.shape, generator=gen) for k, v in w.items()}
+    kept = {k: v.clone() for k, v in g.items()}
+    expected, _ = rule.step(w, g, {}, 0.2)
+    assert all(torch.equal(g[k], kept[k]) for k in g)
+    got, _ = rule.consuming_step(w, g, {}, 0.2)
+    assert all(torch.equal(got[k], expected[k]) for k in w)

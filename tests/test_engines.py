@@ -12,7 +12,9 @@ import torch
 
 from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.config import from_mapping
+from perfed_ray.dropout import round_masks, sites
 from perfed_ray.engines import make_engine
+from perfed_ray.engines.functional import FunctionalOps, plain
 from perfed_ray.engines.stacked import chain_of, elu
 from perfed_ray.models import build_model, params_of
 from perfed_ray.registry import ALGORITHMS
@@ -47,9 +49,16 @@ def _work(users: int, tau: int = 3, seed: int = 0, shape=(1, 28, 28), batch: int
     return x, y
 
 
-def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28), masks=None):
+def _run(
+    name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28), masks=None, **ops
+):
+    """The engine's round; `autograd=False`: the sequential engine's ops by `torch.func`
+    alone (the reference its plain-autograd path is tested against); `layout`: its
+    images' on a CPU."""
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
     model = build_model(cfg.model, shape, 10, seed=0)
+    if "layout" in ops:
+        model.cpu_layout = ops["layout"]
     algorithm = ALGORITHMS.load(name)(cfg)
     server = params_of(model)
     first = algorithm.init_user_state(server)
@@ -58,7 +67,10 @@ def _run(name, values, engine, x, y, compile=False, steps=None, shape=(1, 28, 28
         if first is None
         else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
-    return make_engine(engine, algorithm, model, compile).run(server, x, y, states, steps, masks)
+    made = make_engine(engine, algorithm, model, compile)
+    if not ops.get("autograd", True):
+        made.functional = FunctionalOps(model, autograd=False)
+    return made.run(server, x, y, states, steps, masks)
 
 
 # Parameters: float32 rounding of batched against per-user products, grown over a few
@@ -261,3 +273,88 @@ def test_users_with_different_numbers_of_steps_match_sequential(name, values, en
     _assert_close(got, _run(name, values, "sequential", x, y, steps=steps))
     alone = _run(name, values, "sequential", x[:1, :2], y[:1, :2], steps=steps[:1])
     torch.testing.assert_close(got[1][:1], alone[1], rtol=1e-5, atol=1e-6)  # not the padding
+
+
+SMALL = (3, 16, 16)  # LeNet's smallest images
+
+
+CNN_METHODS = [*METHODS, ("fedavg", {"sgd.weight_decay": 0.01, "sgd.decay_biases": False})]
+
+
+def _masks(model: str, x: torch.Tensor):
+    """Keyed dropout masks for a round of x's users (None for a model without dropout)."""
+    found = sites(build_model(model, SMALL, 10), x.shape[-1:])
+    users, tau, per_step, batch = x.shape[:4]
+    return round_masks(0, list(range(users)), (1,), [tau] * users, (per_step, batch), found)
+
+
+@pytest.mark.parametrize("model", ["simple_cnn", "cnn", "lenet"])
+@pytest.mark.parametrize(("name", "values"), CNN_METHODS)
+def test_the_sequential_engines_plain_autograd_is_torch_funcs_maths(model, name, values):
+    """The sequential engine's one user's step by ordinary autograd, its SGD step
+    written over the fresh gradient, gives torch.func's numbers (the reference: the
+    ops with `autograd` off), every method that runs on the CNNs, simple_cnn's dropout
+    masks applied; images in one layout (NCHW: torch.func's wrappers keep it)."""
+    x, y = _work(users=2, tau=2, shape=SMALL, batch=4)
+    values = {"model": model, **values}
+    nchw = {"shape": SMALL, "masks": _masks(model, x), "layout": torch.contiguous_format}
+    got = _run(name, values, "sequential", x, y, **nchw)
+    _assert_close(got, _run(name, values, "sequential", x, y, autograd=False, **nchw))
+
+
+@pytest.mark.parametrize("model", ["simple_cnn", "cnn", "lenet"])
+@pytest.mark.parametrize(("name", "values"), CNN_METHODS)
+def test_channels_last_images_give_nchws_numbers(model, name, values):
+    """On a CPU the CNNs lay their images out channels-last (`cpu_layout`), which
+    oneDNN's convolutions run faster; every method's round equals NCHW's to rounding."""
+    x, y = _work(users=2, tau=2, shape=SMALL, batch=4)
+    values = {"model": model, **values}
+    # No dropout masks: with simple_cnn's, Per-FedAvg's second gradient on one user here
+    # came out 3.5e-3 off float64's on a conv weight in NCHW and 2e-7 off channels-last.
+    got = _run(name, values, "sequential", x, y, shape=SMALL)
+    expected = _run(name, values, "sequential", x, y, shape=SMALL, layout=torch.contiguous_format)
+    if values.get("hf_delta") == "normalized":
+        # The central difference's step is delta / ||g||: the gradients' rounding comes
+        # back multiplied by alpha ||g|| / (2 delta), and units near a ReLU's kink may
+        # switch on one side only: 1.1e-3 on one weight of the CNN's 2,400 here.
+        torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-6)
+        for k, v in expected[0].items():
+            torch.testing.assert_close(got[0][k], v, rtol=1e-3, atol=2e-3)
+        return
+    _assert_close(got, expected)
+
+
+def test_plain_autograd_serves_plain_tensors_and_torch_func_its_transforms():
+    """grad and grad_and_loss give torch.func's numbers eagerly, under vmap and inside
+    the jvp of a Hessian-vector product, and leave the server's parameters as they were."""
+    net = build_model("cnn", SMALL, 10, seed=0)
+    params = params_of(net)
+    before = {k: v.clone() for k, v in params.items()}
+    x, y = _work(users=3, tau=1, shape=SMALL, batch=4)
+    batch = (x[0, 0, 0], y[0, 0, 0])
+    fast, reference = FunctionalOps(net), FunctionalOps(net, autograd=False)
+    assert plain(params, batch)
+    g, loss = fast.grad_and_loss(params, batch)
+    g_ref, loss_ref = reference.grad_and_loss(params, batch)
+    torch.testing.assert_close(loss, loss_ref)
+    assert not loss.requires_grad and not any(v.requires_grad for v in g.values())
+    for k in g_ref:
+        torch.testing.assert_close(g[k], g_ref[k], rtol=1e-5, atol=1e-7)
+    v = {k: torch.ones_like(p) for k, p in params.items()}
+    hv, hv_ref = fast.hvp(params, batch, v), reference.hvp(params, batch, v)
+    for k in hv_ref:
+        torch.testing.assert_close(hv[k], hv_ref[k], rtol=1e-4, atol=1e-6)
+    per_user = torch.func.vmap(fast.grad, in_dims=(None, 0))(params, (x[:, 0, 0], y[:, 0, 0]))
+    torch.testing.assert_close(per_user["head.2.bias"][0], g_ref["head.2.bias"])
+    for k in params:
+        assert torch.equal(params[k], before[k])
+
+
+def test_functional_calls_look_for_tied_weights_only_in_a_model_that_has_them():
+    """A layer used twice takes the one tensor it is given in both places; a model with
+    no tie skips the search (`tie_weights=False`), with the same logits."""
+    layer = torch.nn.Linear(4, 4, bias=False)
+    tied = FunctionalOps(torch.nn.Sequential(layer, torch.nn.ReLU(), layer))
+    assert tied.tied and not FunctionalOps(build_model("cnn", SMALL, 10)).tied
+    x, w = torch.randn(3, 4), 2 * torch.eye(4)
+    torch.testing.assert_close(tied.logits({"0.weight": w}, x), torch.relu(x @ w.T) @ w.T)

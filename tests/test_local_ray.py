@@ -29,6 +29,7 @@ DRIVER = textwrap.dedent(
     from perfed_ray.runtime import local_ray
 
     local_ray.start([from_mapping({"dataset": "gaussian", "n_users": 10})])
+    niceness = ray.get(ray.remote(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote())
     node = ray._private.worker._global_node
     processes = [(kind, info.process) for kind, infos in node.all_processes.items()
                  for info in infos]
@@ -36,6 +37,7 @@ DRIVER = textwrap.dedent(
     local_ray.stop()
     print(json.dumps({
         "seconds": time.perf_counter() - began,
+        "worker_niceness": niceness,
         "system_config": node._ray_params._system_config,
         "initialized": ray.is_initialized(),
         "kinds": sorted({kind for kind, _ in processes}),
@@ -61,6 +63,8 @@ def test_a_runs_own_ray_is_stopped_whole_without_the_monitors_grace():
     assert report["alive"] == []
     # a model's sums come back inline with the reply, not through the object store
     assert report["system_config"]["max_direct_call_object_size"] == local_ray.INLINE_BYTES
+    # its workers compete for the CPU as the driver does, not at Ray's niceness 15
+    assert report["worker_niceness"] == 0
     # Ray's own shutdown gives the monitor its full second's grace (SIGTERM, which it
     # waits out); the others stop within milliseconds each.
     assert report["seconds"] < 1.0, report

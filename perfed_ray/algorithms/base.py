@@ -148,7 +148,8 @@ class Algorithm:
         of its `personalise_batches` batches in turn; with one batch, PROTOCOL.md's
         step."""
         for batch in batches:
-            model = sgd(model, ops.grad(model, batch), self.alpha)
+            g = ops.grad(model, batch)
+            model = sgd(model, g, self.alpha, into=g)
         return model
 
     # -- server side -------------------------------------------------------------------

@@ -77,8 +77,8 @@ class Ditto(Algorithm):
         g_v = ops.grad(state["v"], batch)
         pull = tree_map(lambda g, v, w: g + self.lam * (v - w), g_v, state["v"], state["anchor"])
         g_w, loss = ops.grad_and_loss(state["w"], batch)
-        w, opt_w = self.optimizer.step(state["w"], g_w, state["opt_w"], self.beta)
-        v, opt_v = self.optimizer.step(state["v"], pull, state["opt_v"], self.beta)
+        w, opt_w = self.optimizer.consuming_step(state["w"], g_w, state["opt_w"], self.beta)
+        v, opt_v = self.optimizer.consuming_step(state["v"], pull, state["opt_v"], self.beta)
         return {"w": w, "v": v, "anchor": state["anchor"], "opt_w": opt_w, "opt_v": opt_v}, loss
 
     def client_final(self, ops, server, state):

@@ -26,7 +26,7 @@ class FedAvg(Algorithm):
 
     def client_step(self, ops, state, batches):
         g, loss = ops.grad_and_loss(state["w"], batches[0])
-        w, opt = self.optimizer.step(state["w"], g, state["opt"], self.beta)
+        w, opt = self.optimizer.consuming_step(state["w"], g, state["opt"], self.beta)
         return {"w": w, "opt": opt}, loss
 
     def client_final(self, ops, server, state):

@@ -59,7 +59,7 @@ class FedProx(Algorithm):
         g, loss = ops.grad_and_loss(w, batches[0])
         mu = self.settings["mu"]
         proximal = tree_map(lambda g, w, a: g + mu * (w - a), g, w, anchor)
-        w, opt = self.optimizer.step(w, proximal, state["opt"], self.beta)
+        w, opt = self.optimizer.consuming_step(w, proximal, state["opt"], self.beta)
         return {"w": w, "anchor": anchor, "opt": opt}, loss
 
     def client_final(self, ops, server, state):

@@ -25,14 +25,14 @@ class PerFedAvgFO(Algorithm):
     def outer_gradient(self, ops, w, batches):
         """g = grad f(w~; D') with w~ = w - alpha grad f(w; D); also f(w; D)."""
         inner, loss = ops.grad_and_loss(w, batches[0])
-        return ops.grad(sgd(w, inner, self.alpha), batches[1]), loss
+        return ops.grad(sgd(w, inner, self.alpha, into=inner), batches[1]), loss
 
     def direction(self, ops, w, batches):
         return self.outer_gradient(ops, w, batches)
 
     def client_step(self, ops, w, batches):
         direction, loss = self.direction(ops, w, batches)
-        return sgd(w, direction, self.beta), loss
+        return sgd(w, direction, self.beta, into=direction), loss
 
 
 class PerFedAvg(PerFedAvgFO):
@@ -70,4 +70,4 @@ class PerFedAvgHF(PerFedAvgFO):
         step = self.difference_step(ops, g)
         difference = ops.grad_difference(w, g, step, batches[2])
         scale = self.alpha / (2 * step)
-        return sgd(g, difference, scale), loss
+        return sgd(g, difference, scale, into=difference), loss

@@ -5,13 +5,15 @@ regression: BENCHMARKS.md), so they are not measured. For any other model no rul
 holds: on CPU the CIFAR-10 CNN runs fastest one user after another (its convolutions
 are compute-bound, and `vmap` or a grouped convolution only adds work), on a GPU
 batching users should win. So every engine that applies is timed on a few users' round
-of local steps, in turns, the best of each kept within a budget of a second or two, and
-the fastest chosen. The timed round is shaped as the real one: tau steps, or one step
-an epoch with the users' counts of steps passed as a round in epochs passes them. Both
-change the engines' costs: a batched engine masks steps by those counts, and FedRep's
-head and body steps cost differently one user at a time, in the round's mix. The result
-is cached on disk per workload (model, shapes, algorithm, steps, device, torch version,
-threads): a machine measures a workload once.
+of local steps, in turns, the best of each kept, and the fastest chosen: turns go on
+for a budget of a second or two and every engine runs at least MIN_TURNS of them,
+however long a turn takes (a slow method's single turn each, one sample of a shared
+machine's noise, was once all that the budget allowed). The timed round is shaped as
+the real one: tau steps, or one step an epoch with the users' counts of steps passed as
+a round in epochs passes them. Both change the engines' costs: a batched engine masks
+steps by those counts, and FedRep's head and body steps cost differently one user at a
+time, in the round's mix. The result is cached on disk per workload (model, shapes,
+algorithm, steps, device, torch version, threads): a machine measures a workload once.
 
 This module knows nothing of Ray: where the measurement runs (the driver, or a task
 with the actors' GPU) is the runtime's choice (:mod:`perfed_ray.runtime.simulation`).
@@ -48,6 +50,7 @@ from perfed_ray.registry import ALGORITHMS
 
 CACHE_ENV = "PERFED_ENGINE_CACHE"
 BUDGET = 1.5  # seconds a measurement takes, unless one turn of the engines takes longer
+MIN_TURNS = 3  # timed rounds of each engine, at least
 MEASURED_USERS = 4  # at most
 MEASURED_STEPS = 20  # at most: a round's steps (tau, or one an epoch)
 MARGIN = 0.1  # a batched engine must be 10% faster than the reference to be chosen: a
@@ -141,9 +144,9 @@ def measure(
 ) -> dict[str, float]:
     """Seconds of a round of `work`'s users (at most `most`) under each
     candidate engine: a warm-up turn with one user (first calls pay one-off costs),
-    then turns in alternation until BUDGET seconds have passed since the start (one at
-    least), the best of each kept. Random inputs: an engine's speed depends on shapes,
-    not values."""
+    then turns in alternation until BUDGET seconds have passed since the start and each
+    engine has had MIN_TURNS, the best of each kept. Random inputs: an engine's speed
+    depends on shapes, not values."""
     device = torch.device(work.device)
     model = copy.deepcopy(model).to(device)
     algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
@@ -179,7 +182,9 @@ def measure(
         start = time.perf_counter()
         for engine in engines.values():
             timed(engine, 1)
-        while math.inf in best.values() or time.perf_counter() - start < BUDGET:
+        turns = 0
+        while turns < MIN_TURNS or time.perf_counter() - start < BUDGET:
+            turns += 1
             for name, engine in engines.items():
                 best[name] = min(best[name], timed(engine, users))
     return best

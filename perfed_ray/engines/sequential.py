@@ -12,10 +12,15 @@ from perfed_ray.engines.functional import FunctionalOps
 
 class Sequential(Engine):
     """Each user's own steps alone: the reference that the batched engines, which mask
-    the steps a user does not take, are tested against."""
+    the steps a user does not take, are tested against. Its users' plain tensors take
+    ordinary autograd (:class:`FunctionalOps`), as a plain training loop does."""
+
+    def __init__(self, algorithm, model, compile: bool = False) -> None:
+        super().__init__(algorithm, model, compile)
+        self.functional = FunctionalOps(model)
 
     def run(self, server, x, y, states, steps=None, masks=None) -> Result:
-        ops = FunctionalOps(self.model)
+        ops = self.functional
         results = []
         for u, state in enumerate(unstack(states, len(x))):
             mine = x.shape[1] if steps is None else int(steps[u])

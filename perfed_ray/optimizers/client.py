@@ -44,6 +44,14 @@ class ClientOptimizer:
     ) -> tuple[Params, Params]:
         raise NotImplementedError
 
+    def consuming_step(
+        self, params: Params, grad: Params, state: Params, lr: Scalar
+    ) -> tuple[Params, Params]:
+        """`step`, where `grad` is handed over: a temporary the caller reads no more,
+        which the rule may write its result into instead of new memory (the built-in
+        methods call this with their fresh gradients). By default `step`."""
+        return self.step(params, grad, state, lr)
+
 
 class SGD(ClientOptimizer):
     """PyTorch's `torch.optim.SGD` (dampening 0): g <- g + wd w; with momentum mu,
@@ -78,13 +86,21 @@ class SGD(ClientOptimizer):
         return {"buffer": tree_map(torch.zeros_like, params)}
 
     def step(self, params, grad, state, lr):
+        return self._step(params, grad, state, lr, into=None)
+
+    def consuming_step(self, params, grad, state, lr):
+        return self._step(params, grad, state, lr, into=grad)
+
+    def _step(self, params, grad, state, lr, into):
         if self.weight_decay:
             grad = {
                 k: g + self.weight_decay * params[k] if self._decays(k) else g
                 for k, g in grad.items()
             }
+            if into is not None or all(map(self._decays, grad)):
+                into = grad  # a new tree, or one whose undecayed leaves are handed over
         if not self.momentum:
-            return sgd(params, grad, lr), state
+            return sgd(params, grad, lr, into=into), state
         # b_t = mu b_{t-1} + g_t from b_0 = 0: PyTorch's b_1 = g_1.
         buffer = tree_map(lambda b, g: self.momentum * b + g, state["buffer"], grad)
         direction = (
