@@ -28,7 +28,9 @@ script exports perfed-ray's partition (the same seed) to a temporary .npz that
 cifar10.npz and perfed-ray's per-channel scaling; MNIST as scaled samples); pfl never
 imports perfed-ray, nor perfed-ray pfl. perfed-ray runs with its default execution (one
 Ray actor per core, its `auto` engine), pfl with its `SimulatedBackend` in one process
-(their benchmark's single-process setting; torch's threads, one per core).
+(their benchmark's single-process setting; torch's threads, one per core, or
+`--pfl-threads`: on a machine busy with other work, torch's two threads waiting on
+each other took several times one thread's time here, so there measure both).
 
 Where the workloads differ (what perfed-ray cannot say as theirs, or does besides):
 
@@ -145,8 +147,11 @@ def perfed_ray_run(config: Path, sets: list[str]) -> dict:
     }
 
 
-def pfl_run(python: Path, cfg: RunConfig, model: str, users: Path) -> dict:
-    """One pfl run in its own interpreter (-P: the pfl package, not this folder's pfl.py)."""
+def pfl_run(
+    python: Path, cfg: RunConfig, model: str, users: Path, threads: int | None = None
+) -> dict:
+    """One pfl run in its own interpreter (-P: the pfl package, not this folder's pfl.py),
+    with `threads` torch threads if given."""
     local = {"--epochs": cfg.local_epochs} if cfg.local_epochs else {"--steps": cfg.tau}
     args = {
         "--users": users,
@@ -158,6 +163,7 @@ def pfl_run(python: Path, cfg: RunConfig, model: str, users: Path) -> dict:
         "--lr": cfg.beta,
         "--eval-every": cfg.eval_every,
         "--seed": cfg.seed,
+        **({"--threads": threads} if threads else {}),
     }
     return side_run("pfl", [str(python), "-P", str(HERE / "pfl_side.py")], args)
 
@@ -191,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="more perfed-ray settings"
     )
+    parser.add_argument(
+        "--pfl-threads", type=int, help="pfl's torch threads (default: torch's, one per core)"
+    )
     parser.add_argument("--smoke", action="store_true", help="2 rounds of a few users, 1 pair")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -216,7 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row(workload, pair, "perfed-ray", cfg, perfed_ray_run(config, sets)))
                 print(rows[-1], flush=True)
                 rows.append(
-                    row(workload, pair, "pfl", cfg, pfl_run(args.pfl_python, cfg, model, users))
+                    row(
+                        workload,
+                        pair,
+                        "pfl",
+                        cfg,
+                        pfl_run(args.pfl_python, cfg, model, users, args.pfl_threads),
+                    )
                 )
                 print(rows[-1], flush=True)
     table = pd.DataFrame(rows)

@@ -200,8 +200,11 @@ def main() -> int:
     parser.add_argument("--central-lr", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch's threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # as their train.py
     np.random.seed(args.seed)
 
