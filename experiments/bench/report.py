@@ -519,6 +519,7 @@ def pfl_section() -> list[str]:
         return []
     frame = pd.read_parquet(path)
     versions = frame.dropna(subset=["pfl"]).iloc[0]
+    threads = int(versions["pfl_threads"])
     runs = frame.groupby("workload").agg(
         rounds=("rounds", "first"), users=("n_users", "first"), cohort=("users_per_round", "first")
     )
@@ -548,7 +549,7 @@ def pfl_section() -> list[str]:
         "round is flower.py's (MLP 80-60 ELU, 50 users, 10 a round, 10 steps of batch 40). "
         "Both sides start from the same w_0 and hold the same users (perfed-ray's partition, "
         "exported); runs alternate perfed-ray, pfl, perfed-ray, pfl. pfl runs its "
-        f"`SimulatedBackend` in one process ({int(versions['pfl_threads'])} torch threads), "
+        f"`SimulatedBackend` in one process ({threads} torch thread{'s' * (threads != 1)}), "
         "perfed-ray its default configuration (one Ray actor per core). A round is "
         "sampling, training, aggregating and the server's step, timed by perfed-ray's "
         "rounds table and by pfl's own callbacks (central evaluation outside); the median "
@@ -579,8 +580,14 @@ def pfl_notes(frame: pd.DataFrame) -> list[str]:
         tool = dict(tuple(rows.groupby("tool")))
         pfl, ours = tool["pfl"], tool["perfed-ray"]
         rounds = ours["round_seconds_mean"] * ours["rounds"]
+        label = PFL_WORKLOADS.get(workload, workload)
+        drawn = (
+            "cohorts, batch order and dropout masks"
+            if "cnn" in ours["model"].iloc[0]
+            else ("cohorts and batch order")
+        )
         lines += [
-            f"- {PFL_WORKLOADS.get(workload, workload)}: a round took "
+            f"- {label[0].upper() + label[1:]}: a round took "
             f"{pfl['round_seconds_median'].min():.3f}-{pfl['round_seconds_median'].max():.3f} s "
             f"on pfl and {ours['round_seconds_median'].min():.3f}-"
             f"{ours['round_seconds_median'].max():.3f} s on perfed-ray (medians of each run); "
@@ -591,8 +598,7 @@ def pfl_notes(frame: pd.DataFrame) -> list[str]:
             f"{ours['actors_start_seconds'].max():.1f} s. The final model's mean test loss: "
             f"{pfl['final_test_loss'].min():.3f}-{pfl['final_test_loss'].max():.3f} on pfl, "
             f"{ours['final_test_loss'].min():.3f}-{ours['final_test_loss'].max():.3f} on "
-            "perfed-ray (the same w_0 and users; cohorts, batch order and dropout masks "
-            "drawn differently)."
+            f"perfed-ray (the same w_0 and users; {drawn} drawn differently)."
         ]
     return lines
 
