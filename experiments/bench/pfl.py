@@ -5,6 +5,9 @@
     python experiments/bench/pfl.py [--pairs 2] [--rounds 100] [--workloads cifar10 mnist]
     python experiments/bench/pfl.py --smoke --out /tmp/bench   # tests: 2 rounds, few users
 
+`--set KEY=VALUE` adds perfed-ray settings to both workloads (pfl's flags are read from
+the same configuration, so a shared setting such as batch_size moves both sides).
+
 Workloads, the same hyper-parameters on both sides:
 
 - `cifar10`: pfl-research's own CIFAR-10 benchmark (benchmarks/image_classification,
@@ -13,8 +16,8 @@ Workloads, the same hyper-parameters on both sides:
   round, FedAvg with one local epoch of SGD in batches of 10 at 0.1, the server's SGD
   at 1.0 on the users' unweighted mean update (which makes the new model that mean),
   their `simple_cnn` (perfed-ray's `simple_cnn`), evaluation every 10 rounds. Theirs
-  runs 1,500 rounds; here `--rounds` (100): a round's seconds do not change with the
-  round, and the whole process's do by the rounds alone.
+  runs 1,500 rounds; here `--rounds` (100): a round's seconds do not depend on how
+  many there are, and the whole process's grow with them.
 - `mnist`: the paper's FedAvg round, what flower.py runs against Flower (its perfed-ray
   side and its export are reused): the MLP (80, 60, ELU), 50 users of the paper's
   split, 10 a round, tau = 10 SGD steps on batches of 40 at beta, the plain mean; on
@@ -51,7 +54,8 @@ Where the workloads differ (what perfed-ray cannot say as theirs, or does beside
   `evaluation_frequency`); perfed-ray scores every user's test shard (the same 10,000
   CIFAR-10 images, 10 per user) before and after one personalisation step (its
   minimum: `personalise_steps` >= 1), which pfl does not do, and checkpoints every
-  20 rounds. Both are in the whole process only.
+  20 rounds. pfl's scoring of cohort members is inside its every 10th round (the
+  median round leaves it out); the rest is in the whole process only.
 
 Timing: per round, perfed-ray's `rounds` table (`wall_seconds`: sampling, sending,
 training, aggregating), pfl's own callbacks (from the end of one round's callbacks to

@@ -97,7 +97,9 @@ class MLP(Classifier):
 class SimpleCNN(Classifier):
     """pfl-research's `simple_cnn` on channels-first images, with perfed-ray's parameter
     names (its `simple_cnn`): conv 3x3 to 32, ReLU, conv 3x3 to 64, ReLU, max-pool 2,
-    dropout 0.25, flatten, dense 128, ReLU, dropout 0.5, dense to the classes."""
+    dropout 0.25, flatten, dense 128, ReLU, dropout 0.5, dense to the classes. Theirs
+    takes channels-last batches and permutes each; these images are channels-first once,
+    when they are read."""
 
     def __init__(self, state: dict[str, torch.Tensor]) -> None:
         super().__init__()
