@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import socket
@@ -46,30 +47,53 @@ def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
     return path
 
 
+def run_cli(config: Path, sets: list[str], out: Path | str) -> float:
+    """Seconds from starting `perfed-ray run` to its exit, in a fresh process (Python,
+    Ray and the data started and stopped inside, evaluations and checkpoints included);
+    its results go to `out`."""
+    start = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "perfed_ray.cli",
+            "run",
+            str(config),
+            *[a for s in sets for a in ("--set", s)],
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
 def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Series]:
-    """Seconds from `perfed-ray run` to its exit, in a fresh process (Python, Ray and the
-    data started and stopped inside, evaluations and checkpoints included), the run's
-    rounds table (each round's `wall_seconds`) and its runs row (`startup_seconds`, and
-    `wall_seconds` from Ray up to the last checkpoint)."""
+    """:func:`run_cli`'s seconds, the run's rounds table (each round's `wall_seconds`)
+    and its runs row (`startup_seconds`, and `wall_seconds` from Ray up to the last
+    checkpoint)."""
     from perfed_ray.analysis import read_table
 
     with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "perfed_ray.cli",
-                "run",
-                str(config),
-                *[a for s in sets for a in ("--set", s)],
-                "--out",
-                out,
-                "--quiet",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        seconds = time.perf_counter() - start
+        seconds = run_cli(config, sets, out)
         rounds = read_table(out, "rounds").sort_values("round")
         return seconds, rounds, read_table(out, "runs").iloc[0]
+
+
+def side_run(name: str, command: list[str], args: dict[str, object]) -> dict:
+    """One run of another framework's half of a side-by-side benchmark (`command` in its
+    own interpreter, `args` its flags, `--out` added): seconds from its start to its exit
+    (`whole_seconds`) and the JSON it wrote to --out. Its log goes to a file shown when it
+    fails."""
+    with tempfile.TemporaryDirectory() as folder:
+        out, log = Path(folder) / "side.json", Path(folder) / "side.log"
+        command = [*command, *(str(a) for pair in {**args, "--out": out}.items() for a in pair)]
+        start = time.perf_counter()
+        with log.open("w") as sink:
+            done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, check=False)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"{name}'s run failed:\n{log.read_text()[-3000:]}")
+        return {"whole_seconds": seconds, **json.loads(out.read_text())}

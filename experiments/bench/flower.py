@@ -39,18 +39,15 @@ refreshes BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from common import HERE, MNIST, RESULTS, timed_run
+from common import HERE, MNIST, RESULTS, side_run, timed_run
 from report import flower_ratios, publish
 
 from perfed_ray.config import RunConfig, load
@@ -69,9 +66,10 @@ def flower_python() -> Path | None:
     return DEFAULT_FLOWER if DEFAULT_FLOWER.exists() else None
 
 
-def export_users(cfg: RunConfig, path: Path) -> None:
+def export_users(cfg: RunConfig, path: Path, test: bool = False) -> None:
     """The users' training samples (as perfed-ray's actors make them: same partition,
-    same input scaling) and w_0, in the layout flower_side.py reads."""
+    same input scaling) and w_0, in the layout flower_side.py reads; with `test`, their
+    test samples too (`tx<u>`, `ty<u>`), which pfl_side.py scores the model on."""
     prepared = simulation.prepare(cfg)
     users = list(range(cfg.n_users))
     shards = prepared.source(users).shards(users, torch.device("cpu"), prepared.data)
@@ -80,6 +78,8 @@ def export_users(cfg: RunConfig, path: Path) -> None:
     }
     for u, shard in shards.items():
         arrays[f"x{u}"], arrays[f"y{u}"] = shard.x_train.numpy(), shard.y_train.numpy()
+        if test:
+            arrays[f"tx{u}"], arrays[f"ty{u}"] = shard.x_test.numpy(), shard.y_test.numpy()
     np.savez(path, **arrays)
 
 
@@ -96,27 +96,16 @@ def perfed_ray_run(sets: list[str]) -> dict:
 
 
 def flower_run(python: Path, cfg: RunConfig, data: Path) -> dict:
-    """One Flower run in its own interpreter; its log goes to a file shown on failure."""
-    with tempfile.TemporaryDirectory() as folder:
-        out, log = Path(folder) / "flower.json", Path(folder) / "flower.log"
-        args = {
-            "--data": data,
-            "--rounds": cfg.rounds,
-            "--users-per-round": cfg.users_per_round,
-            "--tau": cfg.tau,
-            "--batch-size": cfg.batch_size,
-            "--lr": cfg.beta,
-            "--out": out,
-        }
-        command = [str(python), str(HERE / "flower_side.py")]
-        command += [str(a) for pair in args.items() for a in pair]
-        start = time.perf_counter()
-        with log.open("w") as sink:
-            done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, check=False)
-        seconds = time.perf_counter() - start
-        if done.returncode != 0:
-            raise RuntimeError(f"Flower's run failed:\n{log.read_text()[-3000:]}")
-        return {"whole_seconds": seconds, **json.loads(out.read_text())}
+    """One Flower run in its own interpreter."""
+    args = {
+        "--data": data,
+        "--rounds": cfg.rounds,
+        "--users-per-round": cfg.users_per_round,
+        "--tau": cfg.tau,
+        "--batch-size": cfg.batch_size,
+        "--lr": cfg.beta,
+    }
+    return side_run("Flower", [str(python), str(HERE / "flower_side.py")], args)
 
 
 def row(pair: int, tool: str, cfg: RunConfig, run: dict) -> dict:

@@ -287,6 +287,23 @@ def flower_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def pfl_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per workload and pair of pfl.py: pfl's seconds over perfed-ray's, per round
+    (medians after the first round) and for the whole process."""
+    wide = frame.pivot(
+        index=["workload", "pair"],
+        columns="tool",
+        values=["round_seconds_median", "whole_seconds"],
+    )
+    return pd.DataFrame(
+        {
+            "per_round": wide["round_seconds_median"]["pfl"]
+            / wide["round_seconds_median"]["perfed-ray"],
+            "whole_process": wide["whole_seconds"]["pfl"] / wide["whole_seconds"]["perfed-ray"],
+        }
+    )
+
+
 def breakdown_section() -> list[str]:
     """Where a run's and a round's time goes (breakdown.py), if measured."""
     path = RESULTS / "breakdown.parquet"
@@ -483,6 +500,131 @@ def flower_notes(frame: pd.DataFrame) -> list[str]:
         f"perfed-ray (seeded) and {flower['final_train_loss'].min():.3f}-"
         f"{flower['final_train_loss'].max():.3f} on Flower (its sampling is not seeded).",
     ]
+
+
+PFL_WORKLOADS = {
+    "cifar10": "pfl-research's CIFAR-10 benchmark",
+    "mnist": "the paper's FedAvg round (MNIST)",
+}
+PFL_TARGETS = {  # workload: (per round, whole process), pfl's seconds over perfed-ray's
+    "cifar10": (1.2, 1.1),
+    "mnist": (3.0, 2.0),
+}
+
+
+def pfl_section() -> list[str]:
+    """FedAvg on pfl-research's simulator beside perfed-ray (pfl.py), if measured."""
+    path = RESULTS / "pfl.parquet"
+    if not path.exists():
+        return []
+    frame = pd.read_parquet(path)
+    versions = frame.dropna(subset=["pfl"]).iloc[0]
+    threads = int(versions["pfl_threads"])
+    runs = frame.groupby("workload").agg(
+        rounds=("rounds", "first"), users=("n_users", "first"), cohort=("users_per_round", "first")
+    )
+    shape = "; ".join(
+        f"{PFL_WORKLOADS.get(w, w)}: {r.rounds} rounds, {r.users} users, {r.cohort} a round"
+        for w, r in runs.iterrows()
+    )
+    cols = [
+        "workload",
+        "pair",
+        "tool",
+        "round_seconds_median",
+        "first_round_seconds",
+        "whole_seconds",
+        "final_test_loss",
+        "final_test_accuracy",
+    ]
+    return [
+        "## FedAvg beside pfl-research",
+        "",
+        "`python3 -m venv /work/pfl-env && /work/pfl-env/bin/pip install "
+        "'pfl[pytorch]==0.6.0'`, then `python experiments/bench/pfl.py` "
+        f"(--pairs {frame['pair'].nunique()}): {shape}. pfl-research's CIFAR-10 benchmark "
+        "is their baseline.yaml (1,000 IID users of 50 images, 50 a round, one local epoch "
+        "in batches of 10 at 0.1, the server's SGD at 1.0 on the unweighted mean, their "
+        "`simple_cnn`, evaluation every 10 rounds; they run 1,500 rounds); the paper's "
+        "round is flower.py's (MLP 80-60 ELU, 50 users, 10 a round, 10 steps of batch 40). "
+        "Both sides start from the same w_0 and hold the same users (perfed-ray's partition, "
+        "exported); runs alternate perfed-ray, pfl, perfed-ray, pfl. pfl runs its "
+        f"`SimulatedBackend` in one process ({threads} torch thread{'s' * (threads != 1)}), "
+        "perfed-ray its default configuration (one Ray actor per core). A round is "
+        "sampling, training, aggregating and the server's step, timed by perfed-ray's "
+        "rounds table and by pfl's own callbacks (central evaluation outside); the median "
+        "leaves out each run's first round. Whole process: from starting it to its exit, "
+        "evaluations included (pfl: the test samples of all users before training, every "
+        "10 or 20 rounds and at the end; perfed-ray: every user's test shard before and "
+        "after one personalisation step, at the same rounds). pfl.py's docstring lists "
+        f"where the two workloads differ. pfl {versions['pfl']} with torch "
+        f"{versions['pfl_torch']} in its own environment. Measured while other sessions "
+        "shared the VM's two cores: single runs are noisy, the ratios of a pair less so.",
+        "",
+        _machine(frame),
+        "",
+        _markdown(frame[cols]),
+        "",
+        "pfl's seconds over perfed-ray's, per workload and pair:",
+        "",
+        _markdown(pfl_ratios(frame).reset_index()),
+        "",
+        *pfl_notes(frame),
+    ]
+
+
+def pfl_notes(frame: pd.DataFrame) -> list[str]:
+    """What the pfl comparison says, every number read from it."""
+    lines = []
+    for workload, rows in frame.groupby("workload"):
+        tool = dict(tuple(rows.groupby("tool")))
+        pfl, ours = tool["pfl"], tool["perfed-ray"]
+        rounds = ours["round_seconds_mean"] * ours["rounds"]
+        label = PFL_WORKLOADS.get(workload, workload)
+        drawn = (
+            "cohorts, batch order and dropout masks"
+            if "cnn" in ours["model"].iloc[0]
+            else ("cohorts and batch order")
+        )
+        lines += [
+            f"- {label[0].upper() + label[1:]}: a round took "
+            f"{pfl['round_seconds_median'].min():.3f}-{pfl['round_seconds_median'].max():.3f} s "
+            f"on pfl and {ours['round_seconds_median'].min():.3f}-"
+            f"{ours['round_seconds_median'].max():.3f} s on perfed-ray (medians of each run); "
+            f"whole processes {pfl['whole_seconds'].min():.1f}-{pfl['whole_seconds'].max():.1f} "
+            f"s on pfl, {ours['whole_seconds'].min():.1f}-{ours['whole_seconds'].max():.1f} s "
+            f"on perfed-ray, of which its rounds {rounds.min():.1f}-{rounds.max():.1f} s and "
+            f"its actors' start {ours['actors_start_seconds'].min():.1f}-"
+            f"{ours['actors_start_seconds'].max():.1f} s. The final model's mean test loss: "
+            f"{pfl['final_test_loss'].min():.3f}-{pfl['final_test_loss'].max():.3f} on pfl, "
+            f"{ours['final_test_loss'].min():.3f}-{ours['final_test_loss'].max():.3f} on "
+            f"perfed-ray (the same w_0 and users; {drawn} drawn differently)."
+        ]
+    return lines
+
+
+def pfl_targets(frame: pd.DataFrame) -> list[tuple[str, str, bool]]:
+    """The pfl-research targets' rows: pfl's seconds over perfed-ray's, worst pair."""
+    ratio = pfl_ratios(frame)
+    rows = []
+    for workload, goals in PFL_TARGETS.items():
+        if workload not in ratio.index.get_level_values("workload"):
+            continue
+        pairs = ratio.loc[workload]
+        rounds = int(frame.loc[frame["workload"] == workload, "rounds"].iloc[0])
+        for column, goal, what in (
+            ("per_round", goals[0], "per round (median seconds)"),
+            ("whole_process", goals[1], f"for a whole {rounds}-round process"),
+        ):
+            worst, best = pairs[column].min(), pairs[column].max()
+            rows.append(
+                (
+                    f"{PFL_WORKLOADS[workload]} >= {goal:g}x pfl-research {what}, worst pair",
+                    f"{worst:.2f}x (pairs: {worst:.2f}-{best:.2f}x)",
+                    worst >= goal,
+                )
+            )
+    return rows
 
 
 def gpu_results() -> pd.DataFrame | None:
@@ -748,6 +890,9 @@ def targets(gpu: pd.DataFrame | None) -> list[str]:
                     worst >= goal,
                 )
             )
+    pfl = RESULTS / "pfl.parquet"
+    if pfl.exists():
+        rows += pfl_targets(pd.read_parquet(pfl))
     lines = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {text} | {value} | {'yes' if ok else 'no'} |" for text, value, ok in rows]
     lines.append(gpu_target(gpu))
@@ -800,7 +945,8 @@ def write_report() -> None:
         "`experiments/bench/results/*.parquet`; each section names the command that "
         "measured it. Figures are from the machine named in each section. The targets are "
         'those of the issues "Thousands of users" (scale), "An open core" '
-        '(throughput) and "Balanced rounds and every model on its fastest path" (Flower).',
+        '(throughput), "Balanced rounds and every model on its fastest path" (Flower) and '
+        "issue 36's pfl-research comparison.",
         "",
         *targets(gpu),
         "",
@@ -817,6 +963,8 @@ def write_report() -> None:
         *versus_section(),
         "",
         *flower_section(),
+        "",
+        *pfl_section(),
         "",
         *gpu_section(gpu),
         "",
