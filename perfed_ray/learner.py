@@ -25,12 +25,15 @@ from perfed_ray.dropout import Masks, Site, index, round_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
-from perfed_ray.models import FlatParams, params_of
+from perfed_ray.models import FlatParams, activation_bytes, params_of
 from perfed_ray.registry import ALGORITHMS
 from perfed_ray.seeding import Stream, torch_generator
 from perfed_ray.states import StateStore
 
-EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a block of users
+EVAL_SAMPLES = 2**15  # test samples (padding included) scored at once in a block of users,
+EVAL_BYTES = 2**28  # at most, and at most as many as the model's activations of one
+# forward pass fill this: a CNN's are hundreds of times an MLP's (simple_cnn's 0.8 MB a
+# CIFAR-10 image), and an actor's 5,000 test images of it took 8.8 GB at once
 
 
 class Learner:
@@ -71,6 +74,7 @@ class Learner:
             raise ValueError(f"state_start = {start!r}: it is 'global' or 'initial'")
         self.initial = params_of(model) if start == "initial" else None
         self._sites: list[Site] | None = None
+        self._eval_samples: int | None = None
 
     def sites(self, shard: Shard) -> list[Site]:
         """The model's dropout sites (none for most models), found on first use from
@@ -91,6 +95,14 @@ class Learner:
         self.state_layout = self.state_layout or FlatParams(initial)
         saved = visiting[user] if visiting and user in visiting else self.store.get(user)
         return initial if saved is None else self.state_layout.unflatten(saved, self.device)
+
+    def eval_samples(self, shard: Shard) -> int:
+        """Test samples scored at once in a block of users: EVAL_SAMPLES, fewer where
+        the model's activations would pass EVAL_BYTES."""
+        if self._eval_samples is None:
+            per_sample = activation_bytes(self.model, shard.x_test.shape[1:])
+            self._eval_samples = max(1, min(EVAL_SAMPLES, EVAL_BYTES // per_sample))
+        return self._eval_samples
 
     def block_batches(
         self, users: list[int], round_: int
@@ -242,7 +254,7 @@ class Learner:
         block: list[int] = []
         for u in order:
             longest = len(self.shards[u].y_test)
-            if block and (len(block) + 1) * longest > EVAL_SAMPLES:
+            if block and (len(block) + 1) * longest > self.eval_samples(self.shards[u]):
                 parts += self._evaluate_block(server, block, round_, draws)
                 block = []
             block.append(u)

@@ -222,6 +222,27 @@ def initial_model(cfg: RunConfig, source: ShardSource) -> nn.Module:
     return build_model(cfg.model, source.input_shape, source.n_classes, seed=init_seed)
 
 
+def activation_bytes(model: nn.Module, sample_shape: tuple[int, ...]) -> int:
+    """Bytes of the outputs of the model's layers (its modules without children) for one
+    sample: one forward pass of a zero sample measures them."""
+    total = 0
+
+    def count(module: nn.Module, args: tuple, output) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel() * output.element_size()
+
+    leaves = [m for m in model.modules() if not any(m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *sample_shape, device=next(model.parameters()).device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(total, 1)
+
+
 def params_of(model: nn.Module) -> Params:
     """The model's parameters as a plain dict of detached tensors."""
     return {k: v.detach().clone() for k, v in model.named_parameters()}

@@ -131,13 +131,7 @@ def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
     "workload",
     [
         "mnist",
-        pytest.param(
-            "cifar10",
-            marks=pytest.mark.xfail(
-                reason="perfed-ray's simple_cnn draws its dropout masks inside vmap, which "
-                "torch refuses, until its keyed masks land (commit f121008's message)"
-            ),
-        ),
+        "cifar10",
     ],
 )
 def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):

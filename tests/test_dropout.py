@@ -171,3 +171,19 @@ def test_a_run_with_dropout_gives_the_same_rows_whatever_the_placement_and_engin
         assert len(a) and len(a) == len(b)
         for column in columns:
             np.testing.assert_allclose(a[column], b[column], rtol=1e-4)
+
+
+def test_a_cnns_users_are_scored_in_blocks_whose_activations_fit():
+    """The MLP's blocks keep EVAL_SAMPLES test samples; simple_cnn's layers' outputs
+    for a CIFAR-10 image (32x30x30 and 64x28x28 twice each, 64x14x14 three times: its
+    pooling, dropout and flatten, then 128 three times and 10) bound its blocks."""
+    from perfed_ray.learner import EVAL_BYTES, EVAL_SAMPLES
+    from perfed_ray.models import activation_bytes
+
+    mlp = build_model("mlp", (1, 28, 28), 10)
+    assert activation_bytes(mlp, (784,)) == 4 * (80 + 80 + 60 + 60 + 10)
+    assert EVAL_BYTES // activation_bytes(mlp, (784,)) > EVAL_SAMPLES
+    cnn = build_model("simple_cnn", (3, 32, 32), 10)
+    per_image = 4 * (2 * 32 * 30 * 30 + 2 * 64 * 28 * 28 + 3 * 64 * 14 * 14 + 3 * 128 + 10)
+    assert activation_bytes(cnn, (3072,)) == per_image
+    assert EVAL_BYTES // per_image < 400
