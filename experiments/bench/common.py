@@ -51,10 +51,27 @@ def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Se
     data started and stopped inside, evaluations and checkpoints included), the run's
     rounds table (each round's `wall_seconds`) and its runs row (`startup_seconds`, and
     `wall_seconds` from Ray up to the last checkpoint)."""
-    from perfed_ray.analysis import read_table
+    seconds, rounds, run, _ = phased_run(config, sets)
+    return seconds, rounds, run
 
-    with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
+
+def phased_run(
+    config: Path, sets: list[str], checkout: Path | None = None
+) -> tuple[float, pd.DataFrame, pd.Series, dict[str, float]]:
+    """:func:`timed_run`, and when each of the run's phases began, in seconds from the
+    command (:mod:`perfed_ray.timeline`; `end`: the process gone), with the package of
+    `checkout` (default: the one this Python imports). A checkout older than the
+    timeline marks no phases: only `end`."""
+    from perfed_ray.analysis import read_table
+    from perfed_ray.timeline import read as read_timeline
+
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as folder:
+        out, timeline = Path(folder) / "results", Path(folder) / "timeline.txt"
+        env["PERFED_TIMELINE"] = str(timeline)
+        launched, start = time.time(), time.perf_counter()
         subprocess.run(
             [
                 sys.executable,
@@ -64,12 +81,17 @@ def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Se
                 str(config),
                 *[a for s in sets for a in ("--set", s)],
                 "--out",
-                out,
+                str(out),
                 "--quiet",
             ],
             check=True,
             stdout=subprocess.DEVNULL,
+            env=env,
+            cwd=folder if checkout else None,  # `-m` puts the folder it runs in first on the path
         )
         seconds = time.perf_counter() - start
+        marked = read_timeline(timeline) if timeline.exists() else {}
+        began = {phase: at - launched for phase, at in marked.items()}
+        began["end"] = seconds
         rounds = read_table(out, "rounds").sort_values("round")
-        return seconds, rounds, read_table(out, "runs").iloc[0]
+        return seconds, rounds, read_table(out, "runs").iloc[0], began

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 import ray
 
+from perfed_ray import timeline
 from perfed_ray.config import RunConfig
 from perfed_ray.runtime.environment import plugin_modules
 
@@ -70,6 +71,7 @@ def stop() -> None:
     if not (_started and ray.is_initialized()):
         return
     _started = False
+    timeline.mark("stop")
     node = getattr(ray._private.worker, "_global_node", None)  # private: checked
     processes = getattr(node, "all_processes", None) or {}
     for info in processes.get(_MONITOR, []):
