@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from perfed_ray import config as configuration
+from perfed_ray import timeline
 from perfed_ray.display import ProgressDisplay, SummaryTable
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import LOGS, RunLife, new_run_id
@@ -191,13 +192,16 @@ def _run(
     if not verbose:
         chatter.hide()
     # The data first: bad data fail in a second, before Ray's seconds of starting.
+    timeline.mark("data")
     prepared = simulation.prepare(cfg)
+    timeline.mark("ray")
     cluster = connect.cluster_address(address)
     if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
         from perfed_ray.runtime.environment import plugin_modules
 
         connect.connect(cluster, plugin_modules(cfg))
     local_ray.start([prepared.cfg])  # before `announce`, which may set signal handlers
+    timeline.mark("set-up")
     if placement_group is None:  # a sweep's trial was sized by its reserved group
         simulation.check_resources(prepared.cfg, life.record.blocks if life.resumed else None)
     if announce:

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import NoReturn
 
-from perfed_ray import __version__
+from perfed_ray import __version__, timeline
 from perfed_ray import config as configuration
 from perfed_ray.api import REPORT
 from perfed_ray.display import duration
@@ -330,6 +330,7 @@ _python_show_warning = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
+    timeline.mark("cli")
     args = parser().parse_args(argv)
     warnings.showwarning = _show_warning
     start = time.perf_counter()
@@ -355,6 +356,7 @@ def entry() -> NoReturn:
     atexit._run_exitfuncs()  # the exit hooks (logging's flush too), now, not at teardown
     sys.stdout.flush()
     sys.stderr.flush()
+    timeline.mark("exit")
     os._exit(status)
 
 

@@ -82,6 +82,29 @@ def test_the_breakdown_splits_each_round_into_parts_that_add_up(tmp_path):
     assert np.allclose(rows[parts].sum(axis=1), rows["round_seconds"])
     runs = ["run_outside_clock", "run_startup", "run_rounds"]
     assert (rows[runs] > 0).all().all() and (rows[runs].sum(axis=1) < rows["run_seconds"]).all()
+    # the fixed cost's parts, from the run's timeline, add up to the run less its rounds
+    fixed = [c for c in rows.columns if c.startswith("fixed_")]
+    assert len(fixed) == 10 and (rows[fixed] >= 0).all().all()
+    assert np.allclose(rows[fixed].sum(axis=1), rows["run_fixed"])
+    assert np.allclose(rows["run_fixed"] + rows["run_rounds"], rows["run_seconds"])
+
+
+@pytest.mark.slow
+def test_the_breakdown_compares_the_fixed_cost_of_two_checkouts(tmp_path):
+    """Its smoke test: this checkout against itself, one short run each."""
+    repo = BENCH.parents[1]
+    args = ["--smoke", "--baseline", str(repo), "--repeats", "1", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "breakdown.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / "breakdown-versus.parquet")
+    assert sorted(rows["checkout"]) == ["baseline", "this"]
+    assert rows["fixed_ray_start"].notna().all() and (rows["run_fixed"] > 0).all()
+    assert "ratio" in done.stdout and "fixed_actors_start" in done.stdout
 
 
 @pytest.mark.slow

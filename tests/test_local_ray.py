@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import ray
 
+from perfed_ray import timeline
 from perfed_ray.config import from_mapping
 from perfed_ray.runtime import local_ray
 
@@ -91,7 +92,12 @@ def test_the_command_stops_its_ray_before_its_quick_exit(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""},
+        env={
+            **os.environ,
+            "RAY_TMPDIR": str(ray_tmp),
+            "RAY_ADDRESS": "",
+            timeline.ENV: str(tmp_path / "timeline"),
+        },
     )
     assert result.returncode == 0, result.stderr
     assert any(ray_tmp.iterdir())  # it did start a Ray there
@@ -99,6 +105,11 @@ def test_the_command_stops_its_ray_before_its_quick_exit(tmp_path):
     assert left.stdout == "", f"Ray processes outlived the command: {left.stdout}"
     runs = pd.read_parquet(tmp_path / "out" / "runs")
     assert list(runs["status"]) == ["finished"]
+    # every phase of the benchmark's split was marked, once each, in order
+    began = timeline.read(tmp_path / "timeline")
+    assert list(began) == list(timeline.PHASES)
+    assert sorted(began.values()) == list(began.values())
+    assert len((tmp_path / "timeline").read_text().splitlines()) == len(timeline.PHASES)
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 

@@ -47,7 +47,13 @@ def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
     return path
 
 
-def run_cli(config: Path, sets: list[str], out: Path | str) -> float:
+def run_cli(
+    config: Path,
+    sets: list[str],
+    out: Path | str,
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> float:
     """Seconds from starting `perfed-ray run` to its exit, in a fresh process (Python,
     Ray and the data started and stopped inside, evaluations and checkpoints included);
     its results go to `out`."""
@@ -66,6 +72,8 @@ def run_cli(config: Path, sets: list[str], out: Path | str) -> float:
         ],
         check=True,
         stdout=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
     )
     return time.perf_counter() - start
 
@@ -74,12 +82,34 @@ def timed_run(config: Path, sets: list[str]) -> tuple[float, pd.DataFrame, pd.Se
     """:func:`run_cli`'s seconds, the run's rounds table (each round's `wall_seconds`)
     and its runs row (`startup_seconds`, and `wall_seconds` from Ray up to the last
     checkpoint)."""
-    from perfed_ray.analysis import read_table
+    seconds, rounds, run, _ = phased_run(config, sets)
+    return seconds, rounds, run
 
-    with tempfile.TemporaryDirectory() as out:
-        seconds = run_cli(config, sets, out)
+
+def phased_run(
+    config: Path, sets: list[str], checkout: Path | None = None
+) -> tuple[float, pd.DataFrame, pd.Series, dict[str, float]]:
+    """:func:`timed_run`, and when each of the run's phases began, in seconds from the
+    command (:mod:`perfed_ray.timeline`; `end`: the process gone), with the package of
+    `checkout` (default: the one this Python imports). A checkout older than the
+    timeline marks no phases: only `end`."""
+    from perfed_ray.analysis import read_table
+    from perfed_ray.timeline import read as read_timeline
+
+    env = dict(os.environ)
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as folder:
+        out, timeline = Path(folder) / "results", Path(folder) / "timeline.txt"
+        env["PERFED_TIMELINE"] = str(timeline)
+        launched = time.time()
+        # `-m` puts the folder it runs in first on the path
+        seconds = run_cli(config, sets, out, env, cwd=folder if checkout else None)
+        marked = read_timeline(timeline) if timeline.exists() else {}
+        began = {phase: at - launched for phase, at in marked.items()}
+        began["end"] = seconds
         rounds = read_table(out, "rounds").sort_values("round")
-        return seconds, rounds, read_table(out, "runs").iloc[0]
+        return seconds, rounds, read_table(out, "runs").iloc[0], began
 
 
 def side_run(name: str, command: list[str], args: dict[str, object]) -> dict:

@@ -304,6 +304,22 @@ def pfl_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+# breakdown.py's fixed-cost columns, as the report names them.
+FIXED_COST = {
+    "run_fixed": "fixed cost (s)",
+    "fixed_imports": "imports",
+    "fixed_validation": "validation",
+    "fixed_data": "data",
+    "fixed_ray_start": "Ray's start",
+    "fixed_setup": "set-up",
+    "fixed_actors_start": "actors' start",
+    "fixed_evaluations": "evaluations etc.",
+    "fixed_finish": "finish",
+    "fixed_shutdown": "shutdown",
+    "fixed_exit": "exit",
+}
+
+
 def breakdown_section() -> list[str]:
     """Where a run's and a round's time goes (breakdown.py), if measured."""
     path = RESULTS / "breakdown.parquet"
@@ -340,6 +356,21 @@ def breakdown_section() -> list[str]:
         "evaluations, checkpoints, rows",
     ]
     rounds = int(frame["rounds"].iloc[0])
+    fixed = [c for c in FIXED_COST if c in frame.columns and frame[c].notna().any()]
+    parts = frame.groupby("algorithm")[fixed].median().round(2)
+    parts.columns = [FIXED_COST[c] for c in fixed]
+    fixed_table = (
+        [
+            "",
+            "The fixed cost (the whole run less its rounds), in the phases the run marks "
+            "(`PERFED_TIMELINE`, see `perfed_ray/timeline.py`): `validation` imports torch "
+            "with the algorithm; `evaluations etc.` is the rounds' phase less the rounds.",
+            "",
+            _markdown(parts.reset_index()),
+        ]
+        if fixed
+        else []
+    )
     return [
         "## Where the time goes",
         "",
@@ -358,6 +389,7 @@ def breakdown_section() -> list[str]:
         _markdown(ms.round(1).reset_index()),
         "",
         _markdown(runs.round(2).reset_index()),
+        *fixed_table,
     ]
 
 

@@ -9,6 +9,16 @@ uses, always takes the whole second. So :func:`stop` runs before Ray's hook at
 interpreter exit: it stops the monitor at once and then shuts Ray
 down as Ray does, without the sleep. A Ray the driver did not start (a cluster it
 joined, a session a notebook or a test started) is left as it is.
+
+Measured and left out: Ray's `preload_python_modules: [torch]`, so that the workers Ray
+starts while `ray.init` connects import torch before an actor needs it (most of an
+actor's start). On 2 cores shared with other work (load 10-25), 14 FedAvg runs each
+way (experiments/bench/breakdown.py --baseline), the medians of the fixed cost were
+34.1 s without and 32.9 s with it, of the actors' start 9.20 and 9.19 s; in a quieter
+spell (load 2-3, 4 runs each) 10.7 and 9.7 s, actors' start 2.90 and 2.73 s, inside
+the runs' spread (7.3-12.9 s). The early imports compete with Ray's own start for the
+same cores, and idle workers would hold torch's memory where a run has fewer actors
+than CPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from collections.abc import Iterable
 
 import ray
 
+from perfed_ray import timeline
 from perfed_ray.config import RunConfig
 from perfed_ray.runtime.environment import plugin_modules
 
@@ -77,6 +88,7 @@ def stop() -> None:
     if not (_started and ray.is_initialized()):
         return
     _started = False
+    timeline.mark("stop")
     node = getattr(ray._private.worker, "_global_node", None)  # private: checked
     processes = getattr(node, "all_processes", None) or {}
     for info in processes.get(_MONITOR, []):

@@ -27,7 +27,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import perfed_ray
-from perfed_ray import faults
+from perfed_ray import faults, timeline
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -416,9 +416,12 @@ def run(
                     clock,
                 )
                 try:
+                    timeline.mark("actors")
                     pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
                     row.setdefault("startup_seconds", time.perf_counter() - clock)
+                    timeline.mark("rounds")
                     rounds.run()
+                    timeline.mark("finish")
                     break
                 except StateLost as lost:
                     checkpoint = rollbacks.restore(lost)
