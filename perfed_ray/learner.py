@@ -23,7 +23,7 @@ from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
 from perfed_ray.dropout import Masks, Site, index, round_masks, sites
 from perfed_ray.engines import make_engine
-from perfed_ray.engines.base import per_user_copies, stack, unstack
+from perfed_ray.engines.base import one_by_one, per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams, activation_bytes, params_of
 from perfed_ray.registry import ALGORITHMS
@@ -246,7 +246,9 @@ class Learner:
         (Synthetic's power law) pads little. A block goes through the engine's own
         stacked maths where it has them (fused, grouped: the same hand-written gradient
         as training, and no `torch.func.grad`, whose first call imports all of
-        `torch._dynamo`, 1.4 s in each actor), else under `vmap`. The scores come as
+        `torch._dynamo`, 1.4 s in each actor), else one user after another where the
+        engine trains them so (sequential: the CNNs on a CPU), else under `vmap`. The
+        scores come as
         columns, one row per user and draw in (user, draw) order: a million users'
         evaluation stays a few arrays, never a million objects."""
         order = sorted(users, key=lambda u: len(self.shards[u].y_test))
@@ -287,12 +289,11 @@ class Learner:
         state_axis = None if states is None else 0
         stacked = self.engine.ops
         if stacked is None:
-            score = partial(torch.func.vmap(self._score, in_dims=(None, None, 0, 0, 0)), self.ops)
+            each = one_by_one if self.engine.one_at_a_time else torch.func.vmap
+            score = partial(each(self._score, in_dims=(None, None, 0, 0, 0)), self.ops)
             masks_axis = None if not self.sites(first) else 0
             curve = partial(
-                torch.func.vmap(
-                    self._curve, in_dims=(None, None, state_axis, 0, 0, masks_axis, 0, 0, 0, 0)
-                ),
+                each(self._curve, in_dims=(None, None, state_axis, 0, 0, masks_axis, 0, 0, 0, 0)),
                 self.ops,
             )
         else:  # the engine's maths for the whole block: no per-user autodiff

@@ -126,11 +126,12 @@ def test_dropout_whose_masks_are_not_elementwise_is_refused():
         sites(model, (4,))
 
 
+@pytest.mark.parametrize("engine", ["grouped", "sequential"])
 @pytest.mark.parametrize("name", ["fedavg", "perfedavg-hf", "ditto"])
-def test_the_grouped_engines_evaluation_with_dropout_equals_vmaps(name):
-    """Personalisation steps apply their own draw's masks, in both evaluation paths."""
+def test_each_engines_evaluation_with_dropout_equals_vmaps(name, engine):
+    """Personalisation steps apply their own draw's masks, in every evaluation path."""
     _assert_same(
-        _scores(name, {}, "grouped", model="simple_cnn"),
+        _scores(name, {}, engine, model="simple_cnn"),
         _scores(name, {}, "vmap", model="simple_cnn"),
     )
 

@@ -45,7 +45,7 @@ def _scores(name: str, values: dict, engine: str, model: str = "mlp"):
     learner = Learner(
         cfg.replace(engine=engine), initial_model(cfg, source), shards, trainer.state_vectors()
     )
-    assert (learner.engine.ops is None) == (engine == "vmap")
+    assert (learner.engine.ops is None) == (engine in ("vmap", "sequential"))
     table = learner.evaluate(server, USERS, ROUND + 1, 2).to_pandas()
     return table, np.stack(table["acc_steps"]), np.stack(table["loss_steps"])
 
@@ -71,3 +71,8 @@ def test_the_grouped_engines_evaluation_equals_vmaps(name):
     _assert_same(
         _scores(name, values, "grouped", model="cnn"), _scores(name, values, "vmap", model="cnn")
     )
+
+
+@pytest.mark.parametrize(("name", "values"), METHODS)
+def test_the_sequential_engines_evaluation_one_user_at_a_time_equals_vmaps(name, values):
+    _assert_same(_scores(name, values, "sequential"), _scores(name, values, "vmap"))

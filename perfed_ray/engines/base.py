@@ -9,7 +9,7 @@ the GPU path; they know nothing about Ray, and algorithms know nothing about the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -35,6 +35,30 @@ def steps_of(
         return (x[where], y[where]) if masks is None else (x[where], y[where], index(masks, where))
 
     return [[batch(t, j) for j in range(x.shape[axis + 1])] for t in range(x.shape[axis])]
+
+
+def one_by_one(fn: Callable, in_dims: tuple[int | None, ...]) -> Callable:
+    """``torch.func.vmap(fn, in_dims)``'s contract (arguments mapped along axis 0 where
+    their dim is 0, results stacked), met one user after another: for an engine whose
+    users' work runs so, evaluation takes the path its training takes, ordinary autograd
+    and its model's own layout, where vmap's wrappers would keep `torch.func`'s."""
+
+    def mapped(*args):
+        n = next(
+            len(pytree.tree_leaves(a)[0]) for a, d in zip(args, in_dims, strict=True) if d == 0
+        )
+        results = [
+            fn(
+                *(
+                    a if d is None else pytree.tree_map(lambda t, i=i: t[i], a)
+                    for a, d in zip(args, in_dims, strict=True)
+                )
+            )
+            for i in range(n)
+        ]
+        return pytree.tree_map(lambda *parts: torch.stack(parts), *results)
+
+    return mapped
 
 
 def per_user_copies(server: Params, n: int) -> Params:
@@ -66,6 +90,9 @@ class Engine:
     by autodiff, one user at a time under ``vmap``."""
 
     ops: ModelOps | None = None
+    # Whether its users' work runs one after another: evaluation then does the same
+    # (:func:`one_by_one`) instead of mapping them under ``vmap``.
+    one_at_a_time: bool = False
 
     def __init__(self, algorithm: Algorithm, model: nn.Module, compile: bool = False) -> None:
         self.algorithm = algorithm
