@@ -197,6 +197,7 @@ def client_update(
     user_state: Params | None,
     step: Callable[..., tuple[Any, torch.Tensor]] | None = None,
     active: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
 ) -> tuple[Params, torch.Tensor, Params | None]:
     """One user's round (or a stacked block's): init, one step per entry of `steps`,
     final. Returns the model sent to the server, the mean training loss over the steps
@@ -205,11 +206,16 @@ def client_update(
 
     `active` [steps] (or [steps, U] for a stacked block) marks the steps each user
     takes, for users with different numbers of steps (`local_epochs`): a user's state
-    goes through its inactive steps unchanged and its loss is the mean over its own."""
+    goes through its inactive steps unchanged and its loss is the mean over its own.
+    `counts` instead, where every step in `steps` is taken (one user's own steps alone):
+    only the method is told how many (`round_steps`), no step is masked, which would
+    copy the whole state at every step."""
     step = step or algorithm.client_step
     state = algorithm.client_init(ops, server, user_state)
     if active is not None:
-        state = algorithm.round_steps(state, active.sum(0))
+        counts = active.sum(0)
+    if counts is not None:
+        state = algorithm.round_steps(state, counts)
     losses = []
     for t, batches in enumerate(steps):
         new, loss = step(ops, state, batches)

@@ -15,6 +15,8 @@ class Sequential(Engine):
     the steps a user does not take, are tested against. Its users' plain tensors take
     ordinary autograd (:class:`FunctionalOps`), as a plain training loop does."""
 
+    one_at_a_time = True
+
     def __init__(self, algorithm, model, compile: bool = False) -> None:
         super().__init__(algorithm, model, compile)
         self.functional = FunctionalOps(model)
@@ -24,10 +26,10 @@ class Sequential(Engine):
         results = []
         for u, state in enumerate(unstack(states, len(x))):
             mine = x.shape[1] if steps is None else int(steps[u])
-            active = None if steps is None else torch.ones(mine, dtype=torch.bool)
+            counts = None if steps is None else torch.tensor(mine)
             batches = steps_of(x[u, :mine], y[u, :mine], masks=index(masks, (u, slice(mine))))
             results.append(
-                client_update(self.algorithm, ops, server, batches, state, active=active)
+                client_update(self.algorithm, ops, server, batches, state, counts=counts)
             )
         models, losses, new_states = zip(*results, strict=True)
         return stack(models), torch.stack(losses), stack(new_states)
