@@ -173,7 +173,10 @@ class Learner:
         stacked along a leading axis and their mean training losses; their states move
         on to the next round, in the store, or for users hosted elsewhere in `visiting`
         (their states as handed over, None for none yet), replaced there by the new."""
-        if self.cfg.steps_vary:  # users of like sizes in the same blocks
+        # Users of like sizes in the same blocks; an engine that runs them one by one
+        # needs no order, and putting its users' models back in theirs copies them all.
+        reorder = self.cfg.steps_vary and not self.engine.one_at_a_time
+        if reorder:
             order = sorted(range(len(users)), key=lambda i: -len(self.shards[users[i]].y_train))
             users = [users[i] for i in order]
         x, y, steps, masks = self.block_batches(users, round_)
@@ -186,7 +189,7 @@ class Learner:
                     visiting[user] = vector
                 else:
                     self.store.put(user, vector)
-        if self.cfg.steps_vary:  # back to the order asked for
+        if reorder:  # back to the order asked for
             back = torch.argsort(torch.tensor(order))
             models, losses = {k: v[back] for k, v in models.items()}, losses[back]
         return models, losses
