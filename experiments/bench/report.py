@@ -843,16 +843,18 @@ def targets(gpu: pd.DataFrame | None) -> list[str]:
     if path.exists():
         t = pd.read_parquet(path)
         engines = t[t["kind"] == "engine"]
+        default = engines[engines["mode"] == "ray fused"]  # the MNIST config's defaults
         for algorithm, goal in (("perfedavg-hf", 2500), ("fedavg", 6000)):
-            default = engines[engines["mode"] == "ray fused"]  # the MNIST config's defaults
             rate = _rate(default, algorithm, "ray fused")
             if rate is not None:
+                # issue 36: or half the arithmetic's limit on every core, in the same run
+                share = float(default[default["algorithm"] == algorithm]["share_of_peak"].max())
                 rows.append(
                     (
                         f"{algorithm} on 2 cores, default configuration, steady state "
-                        f">= {goal:,} user-steps/s",
-                        f"{rate:,.0f}",
-                        rate >= goal,
+                        f">= {goal:,} user-steps/s or half the arithmetic's limit",
+                        f"{rate:,.0f} ({share:.0%} of the limit)",
+                        rate >= goal or share >= 0.5,
                     )
                 )
         whole = t[t["kind"] == "whole-run"].set_index("mode")["seconds"]
@@ -870,9 +872,9 @@ def targets(gpu: pd.DataFrame | None) -> list[str]:
         if run and loop:
             rows.append(
                 (
-                    "a whole 300-round run >= 5x faster than the single-thread loop",
+                    "a whole 300-round HF run >= 6x faster than the single-thread loop",
                     f"{loop[0] / run[0]:.1f}x",
-                    loop[0] / run[0] >= 5,
+                    loop[0] / run[0] >= 6,
                 )
             )
     path = RESULTS / "convolutions.parquet"
@@ -907,12 +909,23 @@ def targets(gpu: pd.DataFrame | None) -> list[str]:
             rows.append(("start-up for 10^6 users < 60 s", f"{start:.1f} s", start < 60))
             gb = big["driver_peak_gb"] + big["actors_peak_gb"]
             rows.append(("all processes < 4 GB at 10^6 users", f"{gb:.2f} GB", gb < 4))
+    path = RESULTS / "breakdown.parquet"
+    if path.exists():
+        fixed = pd.read_parquet(path).groupby("algorithm")["run_fixed"].median().get("fedavg")
+        if fixed is not None:
+            rows.append(
+                (
+                    "a run's fixed cost (the paper's FedAvg, default command) <= 3 s",
+                    f"{fixed:.1f} s (median)",
+                    fixed <= 3,
+                )
+            )
     flower = RESULTS / "flower.parquet"
     if flower.exists():
         ratio = flower_ratios(pd.read_parquet(flower))
         for column, what, goal in (
             ("per_round", "per round (median seconds)", 10),
-            ("whole_run", "for a whole 100-round run", 3),
+            ("whole_run", "for a whole 100-round run", 4),
         ):
             worst, best = ratio[column].min(), ratio[column].max()
             rows.append(
@@ -976,9 +989,10 @@ def write_report() -> None:
         "Made by `python experiments/bench/report.py` from "
         "`experiments/bench/results/*.parquet`; each section names the command that "
         "measured it. Figures are from the machine named in each section. The targets are "
-        'those of the issues "Thousands of users" (scale), "An open core" '
-        '(throughput), "Balanced rounds and every model on its fastest path" (Flower) and '
-        "issue 36's pfl-research comparison.",
+        'those of the issues "Thousands of users" (scale), "An open core" and "Fastest '
+        "on the field's own benchmark\" (issue 36: throughput, the whole run against the "
+        'loop, Flower and pfl-research), and "Balanced rounds and every model on its '
+        "fastest path\" (the CNNs' engines).",
         "",
         *targets(gpu),
         "",
