@@ -80,15 +80,37 @@ def as_images(x: torch.Tensor, model: nn.Module) -> torch.Tensor:
     return shaped.contiguous(memory_format=layout) if eager_plain([shaped]) else shaped
 
 
-class CNN(nn.Module):
-    """Two 5x5 convolutions with max-pooling and one hidden layer: a second choice for images."""
+class ImageChain(nn.Module):
+    """A CNN over images whose flattened inputs it restores to `input_shape`, laid out on
+    a CPU as `as_images` says, run through its Sequentials `parts` in order: a chain the
+    `grouped` engine runs."""
 
     images = True  # needs inputs of a (channels, height, width) shape
     cpu_layout = torch.channels_last  # the images' layout on a CPU: see `as_images`
+    parts: tuple[str, ...] = ("features", "classifier")
 
-    def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
+    def __init__(self, input_shape: tuple[int, ...]) -> None:
         super().__init__()
         self.input_shape = tuple(input_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = as_images(x, self)
+        for part in self.parts:
+            h = getattr(self, part)(h)
+        return h
+
+    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
+        """Declares the model a chain the `grouped` engine runs: (input shape, layers)."""
+        return self.input_shape, _chain(self, *self.parts)
+
+
+class CNN(ImageChain):
+    """Two 5x5 convolutions with max-pooling and one hidden layer: a second choice for images."""
+
+    parts = ("features", "head")
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
+        super().__init__(input_shape)
         channels, height, width = self.input_shape
         self.features = nn.Sequential(
             nn.Conv2d(channels, 16, 5, padding=2),
@@ -105,27 +127,16 @@ class CNN(nn.Module):
             nn.Linear(64, n_classes),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(as_images(x, self)))
 
-    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
-        """Declares the model a chain the `grouped` engine runs: (input shape, layers)."""
-        return self.input_shape, _chain(self, "features", "head")
-
-
-class LeNet(nn.Module):
+class LeNet(ImageChain):
     """LeNet-5 with 64 channels: two 5x5 convolutions without padding, each ReLU and 2x2
     max-pooling, then 120 -> ReLU -> 64 -> ReLU -> classes: the CIFAR CNN of
     LG-FedAvg's and FedRep's authors (lgcollins/FedRep, models/Nets.py `CNNCifar`),
     whose last layer is FedRep's head. Theirs ends in log-softmax before a cross-entropy
     loss; log-softmax is idempotent, so logits give the same loss and predictions."""
 
-    images = True
-    cpu_layout = torch.channels_last
-
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
-        super().__init__()
-        self.input_shape = tuple(input_shape)
+        super().__init__(input_shape)
         channels, height, width = self.input_shape
         self.features = nn.Sequential(
             nn.Conv2d(channels, 64, 5),
@@ -145,15 +156,8 @@ class LeNet(nn.Module):
             nn.Linear(64, n_classes),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(as_images(x, self)))
 
-    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
-        """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""
-        return self.input_shape, _chain(self, "features", "classifier")
-
-
-class SimpleCNN(nn.Module):
+class SimpleCNN(ImageChain):
     """pfl-research's `simple_cnn` (apple/pfl-research, benchmarks/model/pytorch/cnn.py),
     the model of their CIFAR-10 benchmark: 3x3 convolutions to 32 and 64 channels without
     padding, each followed by ReLU, 2x2 max-pooling, dropout 0.25, a dense layer of 128
@@ -164,12 +168,8 @@ class SimpleCNN(nn.Module):
     already. Dropout is applied in training steps (local and personalisation) with masks
     from the run's keyed streams (:mod:`perfed_ray.dropout`), never in scoring."""
 
-    images = True
-    cpu_layout = torch.channels_last
-
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
-        super().__init__()
-        self.input_shape = tuple(input_shape)
+        super().__init__(input_shape)
         channels, height, width = self.input_shape
         side = (height - 4) // 2, (width - 4) // 2
         self.features = nn.Sequential(
@@ -190,13 +190,6 @@ class SimpleCNN(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Conv2d | nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(as_images(x, self)))
-
-    def grouped_layers(self) -> tuple[tuple[int, ...], list[tuple[str, nn.Module]]]:
-        """A chain the `grouped` engine runs, as :meth:`CNN.grouped_layers`."""
-        return self.input_shape, _chain(self, "features", "classifier")
 
 
 def build_model(
