@@ -272,36 +272,32 @@ def versus_section() -> list[str]:
     return lines
 
 
-def flower_ratios(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per pair of flower.py: Flower's seconds over perfed-ray's, per round (medians)
-    and for the whole run."""
+def side_ratios(
+    frame: pd.DataFrame, other: str, index: str | list[str], whole: str
+) -> pd.DataFrame:
+    """Per `index` (a side-by-side script's pairs, or workloads and pairs): the other
+    tool's seconds over perfed-ray's, per round (medians after the first) and for the
+    whole process (the column `whole`)."""
     wide = frame.pivot(
-        index="pair", columns="tool", values=["round_seconds_median", "whole_seconds"]
+        index=index, columns="tool", values=["round_seconds_median", "whole_seconds"]
     )
     return pd.DataFrame(
         {
-            "per_round": wide["round_seconds_median"]["flower"]
+            "per_round": wide["round_seconds_median"][other]
             / wide["round_seconds_median"]["perfed-ray"],
-            "whole_run": wide["whole_seconds"]["flower"] / wide["whole_seconds"]["perfed-ray"],
+            whole: wide["whole_seconds"][other] / wide["whole_seconds"]["perfed-ray"],
         }
     )
+
+
+def flower_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """flower.py's ratios, per pair."""
+    return side_ratios(frame, "flower", "pair", "whole_run")
 
 
 def pfl_ratios(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per workload and pair of pfl.py: pfl's seconds over perfed-ray's, per round
-    (medians after the first round) and for the whole process."""
-    wide = frame.pivot(
-        index=["workload", "pair"],
-        columns="tool",
-        values=["round_seconds_median", "whole_seconds"],
-    )
-    return pd.DataFrame(
-        {
-            "per_round": wide["round_seconds_median"]["pfl"]
-            / wide["round_seconds_median"]["perfed-ray"],
-            "whole_process": wide["whole_seconds"]["pfl"] / wide["whole_seconds"]["perfed-ray"],
-        }
-    )
+    """pfl.py's ratios, per workload and pair."""
+    return side_ratios(frame, "pfl", ["workload", "pair"], "whole_process")
 
 
 # breakdown.py's fixed-cost columns, as the report names them.
