@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import TINY, run_cli
+from conftest import TINY
 
 import perfed_ray
 from perfed_ray.analysis import outcome, read_table
@@ -191,21 +191,23 @@ def test_a_disk_that_refuses_the_rows_still_gets_the_failed_status(ray_session, 
     assert not list(out.glob("*/*/.*.tmp"))  # the failed writes' temporary files are gone
 
 
-def test_a_value_that_does_not_fit_the_tables_never_claims_a_status(ray_session, tmp_path):
-    """A configuration value too big for its int64 column: whatever stops the run, the
-    message never says the run is marked with a status its runs row does not have."""
+def test_a_value_that_does_not_fit_the_tables_is_refused_before_the_run_starts(tmp_path, capsys):
+    """A configuration value too big for its int64 column is a bad input: exit 2 with
+    the reason, before anything is written, so no message can claim a status that no
+    runs row holds."""
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(STOPPED))
     out = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
-    done = run_cli([str(config), "--out", str(out), "--set", f"eval_every={2**64}"], address)
-    assert done.returncode != 0
-    runs = read_table(out, "runs")
-    if "it is marked 'failed'" in done.stderr:
-        assert runs["status"].tolist() == ["failed"]
-    else:
-        assert runs.empty
-    assert not list(out.glob("checkpoints/*"))  # nothing started: nothing to resume
+    too_big = f"eval_every={2**64}"
+    status = main(["run", "--quiet", str(config), "--out", str(out), "--set", too_big])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert err.splitlines() == [
+        f"error: eval_every = {2**64} is out of range: an integer >= 1 below 2**63 (it is "
+        "stored in a 64-bit Parquet column)"
+    ]
+    assert "marked" not in err
+    assert read_table(out, "runs").empty and not out.exists()  # nothing started
 
 
 KILLED_WITH_STATE = """

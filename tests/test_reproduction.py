@@ -22,6 +22,28 @@ FACTS = {
 }
 
 
+def _hand_scores(out) -> dict[str, tuple[float, float, float]]:
+    """Per run, from its evaluation rows read back from Parquet with plain loops: the
+    pooled accuracy (correct answers over test samples, summed over users, averaged over
+    draws) at its best and at its last evaluation round, and the mean over users of the
+    final evaluation's accuracy before any personalisation step."""
+    evals = pd.read_parquet(out / "runs" / "evals")
+    scores = {}
+    for run_id, run in evals.groupby("run_id", observed=True):
+        curve = {}
+        for round_, at in run.groupby("round"):
+            draws = [
+                sum(a[0] * n for a, n in zip(d["acc_steps"], d["n_test"], strict=True))
+                / d["n_test"].sum()
+                for _, d in at.groupby("draw")
+            ]
+            curve[round_] = sum(draws) / len(draws)
+        final_rows = run[run["final"]]
+        mean_0 = sum(a[0] for a in final_rows["acc_steps"]) / len(final_rows)
+        scores[str(run_id)] = (max(curve.values()), curve[max(curve)], mean_0)
+    return scores
+
+
 @pytest.mark.slow
 def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
     ray_session, tmp_path, monkeypatch
@@ -49,8 +71,12 @@ def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
         assert cells[3] == "99.0" and cells[4] == "60.00 ± 127.06 (2 runs)"
         assert cells[-1] == "2" and "not run" not in row
         assert cells[5].endswith("(last 10 rounds)")
-        scored = script.scores(out)
-        assert len(scored) == 2 and scored["best_accuracy"].ge(scored["final_accuracy"]).all()
+        scored = script.scores(out).set_index("run_id")
+        assert sorted(scored.index) == sorted(_hand_scores(out)), "one row per finished run"
+        for run_id, (best, final, mean_0) in _hand_scores(out).items():
+            assert scored.loc[run_id, "best_accuracy"] == pytest.approx(best)
+            assert scored.loc[run_id, "final_accuracy"] == pytest.approx(final)
+            assert scored.loc[run_id, "mean_0"] == pytest.approx(mean_0)
         assert "a smoke test's entry" in table
         assert script.main([*args, "--dry-run"]) == 0  # now done
 
