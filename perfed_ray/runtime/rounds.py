@@ -153,18 +153,19 @@ class Rounds:
                     f"{self.cfg.algorithm} declares fixed_server, but its server's model "
                     f"moved in round {round_}"
                 )
+        ended = time.perf_counter()  # one reading, so that the parts fit inside the round
         return {
             "round": round_,
             "users": users,
             "n_sampled": len(users),
             "n_reported": n,
             "train_loss": sums.loss_sum / n if n else float("nan"),
-            "wall_seconds": time.perf_counter() - start,
+            "wall_seconds": ended - start,
             # Where the round's time went: out to the actors and back (the slowest
             # actor's own share of it: its work), then the server's step.
             "train_seconds": train,
             "actor_seconds": sums.actor_seconds,
-            "server_seconds": time.perf_counter() - gathered,
+            "server_seconds": ended - gathered,
             "bytes_sent": sums.bytes_sent,
             "bytes_received": sums.bytes_received,
         }
