@@ -55,8 +55,15 @@ print(json.dumps({"user_steps_per_second": 100 / times[len(times) // 2]}))
 def measure(checkout: Path, algorithm: str, calls: int) -> float:
     code = MEASURE.replace("__ALGORITHM__", repr(algorithm)).replace("__CALLS__", str(calls))
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1"}
+    # run in the checkout: `-c` puts the working folder first on the path, so from
+    # another checkout's root its package would be the one measured
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])["user_steps_per_second"]
 
