@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+
+from perfed_ray import timeline
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
@@ -73,55 +78,116 @@ def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(tmp_p
     assert cnn.groupby("algorithm")["chosen"].sum().eq(1).all()  # auto picks one engine
 
 
-@pytest.mark.slow
-def test_the_breakdown_splits_each_round_into_parts_that_add_up(tmp_path):
-    rows, _ = _smoke("breakdown", tmp_path)
-    assert set(rows["algorithm"]) == {"fedavg", "perfedavg-hf"}
-    parts = ["round_actor_work", "round_transport", "round_server_step", "round_driver"]
-    assert (rows[["round_actor_work", "round_transport", "round_server_step"]] > 0).all().all()
-    assert np.allclose(rows[parts].sum(axis=1), rows["round_seconds"])
-    runs = ["run_outside_clock", "run_startup", "run_rounds"]
-    assert (rows[runs] > 0).all().all() and (rows[runs].sum(axis=1) < rows["run_seconds"]).all()
-    # the fixed cost's parts, from the run's timeline, add up to the run less its rounds
-    fixed = [c for c in rows.columns if c.startswith("fixed_")]
-    assert len(fixed) == 10 and (rows[fixed] >= 0).all().all()
-    assert np.allclose(rows[fixed].sum(axis=1), rows["run_fixed"])
-    assert np.allclose(rows["run_fixed"] + rows["run_rounds"], rows["run_seconds"])
+def _script(name: str, monkeypatch) -> ModuleType:
+    """experiments/bench/<name>.py imported in this process, with its siblings."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module(name)
 
 
 @pytest.mark.slow
-def test_the_breakdown_compares_the_fixed_cost_of_two_checkouts(tmp_path):
-    """Its smoke test: this checkout against itself, one short run each."""
-    repo = BENCH.parents[1]
-    args = ["--smoke", "--baseline", str(repo), "--repeats", "1", "--out", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "breakdown.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(tmp_path / "breakdown-versus.parquet")
-    assert sorted(rows["checkout"]) == ["baseline", "this"]
-    assert rows["fixed_ray_start"].notna().all() and (rows["run_fixed"] > 0).all()
-    assert "ratio" in done.stdout and "fixed_actors_start" in done.stdout
+def test_the_breakdown_splits_each_round_into_the_runs_own_measured_parts(tmp_path, monkeypatch):
+    """Each part is its own column of the run's rounds table, read back from the run's
+    Parquet, and the separately measured parts fit inside the round they split; the
+    fixed cost's parts are the gaps between the phases the run marked."""
+    breakdown = _script("breakdown", monkeypatch)
+    measured, real = [], breakdown.phased_run
+
+    def kept(*args, **kwargs):  # the real runs, their tables kept for the reference
+        measured.append(real(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(breakdown, "phased_run", kept)
+    monkeypatch.setattr(sys, "argv", ["breakdown.py", "--smoke", "--out", str(tmp_path)])
+    breakdown.main()
+    rows = pd.read_parquet(tmp_path / "breakdown.parquet")
+    assert rows["algorithm"].tolist() == ["fedavg", "perfedavg-hf"]
+    for row, (seconds, rounds, run, began) in zip(rows.itertuples(), measured, strict=True):
+        assert rounds["round"].tolist() == [1, 2, 3]
+        steady = rounds.iloc[1:].median(numeric_only=True)  # rounds after the first
+        assert row.round_seconds == steady["wall_seconds"]
+        assert row.round_actor_work == steady["actor_seconds"]
+        assert row.round_transport == pytest.approx(
+            steady["train_seconds"] - steady["actor_seconds"]
+        )
+        assert row.round_server_step == steady["server_seconds"]
+        # measured apart (the actor's own clock, the driver's calls, the server's step),
+        # they fit inside each round: the driver's rest is what is left, never negative
+        assert (rounds["actor_seconds"] <= rounds["train_seconds"]).all()
+        assert (rounds["train_seconds"] + rounds["server_seconds"] <= rounds["wall_seconds"]).all()
+        assert row.round_driver >= 0
+        assert row.run_seconds == seconds and row.run_startup == run["startup_seconds"]
+        assert row.run_rounds == pytest.approx(rounds["wall_seconds"].sum())
+        assert row.run_outside_clock == pytest.approx(seconds - run["wall_seconds"])
+        # every phase marked once, in order, inside the command's own time
+        assert list(began) == [*timeline.PHASES, "end"]
+        assert sorted(began.values()) == list(began.values()) and began["end"] == seconds
+        assert row.fixed_imports == began["cli"] and row.fixed_exit == seconds - began["exit"]
+        assert row.fixed_ray_start == pytest.approx(began["set-up"] - began["ray"])
+        # the rounds ran inside the rounds' phase: what it holds besides them is >= 0
+        assert row.fixed_evaluations == pytest.approx(
+            began["finish"] - began["rounds"] - row.run_rounds
+        )
+        assert row.fixed_evaluations >= 0
+
+
+@pytest.fixture
+def marked_checkout(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """Another checkout: a copy of this package that, imported, adds a line to a file,
+    so that a test can count the processes that ran the baseline's code."""
+    checkout, mark = tmp_path / "baseline", tmp_path / "baseline-imports"
+    package = checkout / "perfed_ray"
+    ignored = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(BENCH.parents[1] / "perfed_ray", package, ignore=ignored)
+    with (package / "__init__.py").open("a") as init:
+        init.write(f"\nopen({str(mark)!r}, 'a').write(__file__ + '\\n')\n")
+    return checkout, mark
 
 
 @pytest.mark.slow
-def test_the_side_by_side_script_compares_two_checkouts(tmp_path):
-    """Its smoke test: this checkout against itself, one short measurement each."""
-    repo = BENCH.parents[1]
-    args = ["--baseline", str(repo), "--repeats", "1", "--calls", "2", "--out", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "versus.py"), *args, "--algorithms", "fedavg"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(tmp_path / "versus.parquet")
-    assert set(rows["checkout"]) == {"baseline", "this"} and (rows["speed"] > 0).all()
-    assert "ratio" in done.stdout
+def test_the_breakdown_compares_the_fixed_cost_of_two_checkouts(
+    tmp_path, monkeypatch, capsys, marked_checkout
+):
+    """One short run each: the baseline's in its own checkout's code, and the printed
+    medians and ratios are those of the rows it wrote."""
+    checkout, mark = marked_checkout
+    breakdown = _script("breakdown", monkeypatch)
+    args = ["--smoke", "--baseline", str(checkout), "--repeats", "1", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["breakdown.py", *args])
+    breakdown.main()
+    rows = pd.read_parquet(tmp_path / "breakdown-versus.parquet").set_index("checkout")
+    assert rows.index.tolist() == ["baseline", "this"]  # ABBA: the baseline first
+    # its driver and its actors' workers imported the baseline's package
+    assert set(mark.read_text().splitlines()) == {str(checkout / "perfed_ray" / "__init__.py")}
+    assert rows[[c for c, _, _ in breakdown.FIXED]].notna().all().all()
+    printed = capsys.readouterr().out.splitlines()
+    table = printed[printed.index("medians of 1 runs each (seconds):") + 2 :]
+    for line in table:
+        name, baseline, this, ratio = line.split()
+        assert float(baseline) == round(rows.loc["baseline", name], 2), name
+        assert float(this) == round(rows.loc["this", name], 2), name
+        expected = rows.loc["this", name] / rows.loc["baseline", name]
+        assert float(ratio) == round(expected, 2), name
+    assert [line.split()[0] for line in table][:3] == ["run_seconds", "run_fixed", "run_rounds"]
+
+
+@pytest.mark.slow
+def test_the_side_by_side_script_compares_two_checkouts(
+    tmp_path, monkeypatch, capsys, marked_checkout
+):
+    """One short measurement each: the baseline's in its own checkout's code, and the
+    printed ratio is that of the speeds it wrote."""
+    checkout, mark = marked_checkout
+    versus = _script("versus", monkeypatch)
+    args = ["--baseline", str(checkout), "--repeats", "1", "--calls", "2", "--out", str(tmp_path)]
+    assert versus.main([*args, "--algorithms", "fedavg"]) == 0
+    rows = pd.read_parquet(tmp_path / "versus.parquet").set_index("checkout")
+    assert rows.index.tolist() == ["baseline", "this"] and set(rows["algorithm"]) == {"fedavg"}
+    assert mark.read_text().splitlines() == [str(checkout / "perfed_ray" / "__init__.py")]
+    *_, line = capsys.readouterr().out.splitlines()
+    name, baseline, this, ratio = line.split()
+    assert name == "fedavg" and float(baseline) == round(rows.loc["baseline", "speed"], 3)
+    assert float(this) == round(rows.loc["this", "speed"], 3)
+    assert float(ratio) == round(rows.loc["this", "speed"] / rows.loc["baseline", "speed"], 3)
 
 
 @pytest.mark.slow
