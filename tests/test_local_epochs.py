@@ -3,12 +3,17 @@ sizes take different numbers of steps."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import perfed_ray
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.data.batches import epoch_indices, steps_in
+from perfed_ray.learner import Learner
+from perfed_ray.models import initial_model
+from perfed_ray.runtime import simulation
 from tests.conftest import TINY
 
 
@@ -32,8 +37,33 @@ def test_per_fedavg_keeps_tau_and_fedrep_splits_its_epochs():
     from_mapping({"algorithm": "fedrep", "local_epochs": 11})  # the authors' 10 + 1
 
 
+def test_each_user_takes_its_own_epochs_of_steps_over_its_own_samples():
+    """Counted by hand from each user's shard: ceil(n / B) batches an epoch, and each
+    epoch's steps hold every one of the user's own samples."""
+    cfg = from_mapping({**TINY, "algorithm": "fedavg", "local_epochs": 2, "batch_size": 60})
+    prepared = simulation.prepare(cfg)
+    users = list(range(cfg.n_users))
+    source = prepared.source(users)
+    shards = source.shards(users, torch.device("cpu"), prepared.data)
+    learner = Learner(prepared.cfg, initial_model(prepared.cfg, source), shards)
+    x, _, steps, _ = learner.block_batches(users, round_=1)
+    sizes = [len(shards[u].y_train) for u in users]
+    assert len(set(sizes)) > 1, "the partition gives users of different sizes"
+    assert steps.tolist() == [2 * math.ceil(n / 60) for n in sizes]
+    for u in users:
+        own = x[u, : steps[u]].reshape(2, -1, *x.shape[4:])  # [epoch, samples, features]
+        shard = {tuple(row) for row in shards[u].x_train.flatten(1).tolist()}
+        for epoch in own:
+            assert {tuple(row) for row in epoch.flatten(1).tolist()} == shard
+
+
 @pytest.mark.slow
-def test_a_run_in_epochs_takes_each_users_own_number_of_steps(ray_session, tmp_path):
+def test_a_run_in_epochs_masks_the_steps_users_do_not_take_as_a_loop_over_users_does(
+    ray_session, tmp_path
+):
+    """The batched engine runs users of different step counts together, masking each
+    one's steps past its own; its rows equal those of the sequential engine, which runs
+    each user's own steps alone."""
     base = {**TINY, "algorithm": "fedrep", "local_epochs": 2, "batch_size": 60}
     base["fedrep"] = {"head_epochs": 1, "body_epochs": 1}
     result = perfed_ray.simulate({**base, "sgd": {"momentum": 0.5}}, tmp_path / "a")
