@@ -21,7 +21,9 @@ import pytest
 import yaml
 from conftest import run_cli
 
+import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
+from perfed_ray.cli import main
 from perfed_ray.config import from_mapping
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.checkpoint import RunStore
@@ -66,7 +68,9 @@ _cli = run_cli
 
 
 @pytest.mark.slow
-def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, reference, tmp_path):
+def test_driver_killed_at_any_point_resumes_to_identical_tables(
+    ray_session, reference, tmp_path, capsys
+):
     address = ray_session.get_runtime_context().gcs_address
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
@@ -96,15 +100,16 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(ray_session, ref
         if fault.startswith("driver-write"):
             assert list(out.glob("evals/*/.part-*.tmp")), "killed mid-write"
 
-    done = _cli(["--resume", str(run_dir)], address)
-    assert done.returncode == 0, done.stderr
+    # the last sitting, and the refusal of one more, in this process: nothing is killed
+    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
     _assert_same(out, reference)
     runs = pd.read_parquet(out / "runs")
     assert runs[["status", "rounds_done", "resumes"]].values.tolist() == [["finished", 8, 4]]
     assert not list(out.glob("*/*/.*.tmp"))
 
-    again = _cli(["--resume", str(run_dir)], address)
-    assert again.returncode == 2 and "already finished all 8 rounds" in again.stderr
+    capsys.readouterr()
+    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 2
+    assert "already finished all 8 rounds" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -198,6 +203,5 @@ def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_se
     runs = pd.read_parquet(out / "runs")
     assert runs["status"].tolist() == ["interrupted"] and runs["rounds_done"].iloc[0] < 300
     [run_dir] = (out / "checkpoints").iterdir()
-    done = _cli(["--resume", str(run_dir)], ray_session.get_runtime_context().gcs_address)
-    assert done.returncode == 0, done.stderr
+    perfed_ray.simulate(resume=run_dir)
     _assert_same(out, outcome(reference))
