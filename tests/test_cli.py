@@ -3,8 +3,6 @@ starts; a good run prints its summary; `summary` reads a results folder."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -13,16 +11,6 @@ import pytest
 
 from perfed_ray.cli import main
 from perfed_ray.config import ConfigError, from_mapping, load
-
-
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "perfed_ray.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def _cifar_npz(path: Path, classes: int, per_class: int = 600) -> None:
@@ -144,38 +132,50 @@ def test_yaml_file_problems(tmp_path):
         from_mapping({"users_per_actor": 60})
 
 
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """The command's `main` in this process: its status, what it printed and logged."""
+    capsys.readouterr()
+    status = main(list(args))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
 @pytest.mark.slow
-def test_run_and_summary_through_the_cli(tmp_path):
+def test_run_and_summary_through_the_cli(ray_session, tmp_path, capsys, monkeypatch):
+    """In this process, on the session's Ray (a run's own Ray and its exit are
+    test_local_ray's)."""
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
     config = tmp_path / "easy.yaml"
     config.write_text(
         "dataset: gaussian\nn_users: 4\nfraction: 0.5\nrounds: 3\n"
         "eval_every: 3\ntau: 2\nbeta: 0.2\nfinal_eval_draws: 2\n"
     )
     out = tmp_path / "results"
-    run = _cli("run", str(config), "--set", "algorithm=perfedavg-fo", "--out", str(out))
-    assert run.returncode == 0, run.stderr
-    assert "round 3/3" in run.stderr and "rounds/s" in run.stderr
-    assert "perfedavg-fo" in run.stdout and "finished" in run.stdout
-    assert "Token authentication" not in run.stderr  # Ray's chatter: --verbose only
+    status, stdout, stderr = _main(
+        capsys, "run", str(config), "--set", "algorithm=perfedavg-fo", "--out", str(out)
+    )
+    assert status == 0, stderr
+    assert "round 3/3" in stderr and "rounds/s" in stderr
+    assert "perfedavg-fo" in stdout and "finished" in stdout
 
-    summary = _cli("summary", str(out), "--markdown")
-    assert summary.returncode == 0, summary.stderr
-    lines = summary.stdout.strip().splitlines()
+    status, stdout, stderr = _main(capsys, "summary", str(out), "--markdown")
+    assert status == 0, stderr
+    lines = stdout.strip().splitlines()
     assert lines[0].startswith("| run_id") and len(lines) == 3
     assert "| gaussian | paper | perfedavg-fo | 2 | 0.01 | - | 0 | finished | 3/3 |" in lines[2]
 
     [run_dir] = (out / "checkpoints").iterdir()
-    changed = _cli("run", "--resume", str(run_dir), "--set", "tau=3")
-    assert (
-        changed.returncode == 2
-        and ("error: --resume: run " in changed.stderr)
-        and ("was started with a different configuration: tau = 2 there, 3 here" in changed.stderr)
-    )
-    finished = _cli("run", "--resume", str(run_dir))
-    assert finished.returncode == 2 and "already finished all 3 rounds" in finished.stderr
+    status, _, stderr = _main(capsys, "run", "--resume", str(run_dir), "--set", "tau=3")
+    assert status == 2 and stderr.splitlines() == [
+        f"error: --resume: run {run_dir.name.removeprefix('run_id=')} was started with a "
+        "different configuration: tau = 2 there, 3 here; give --resume alone to continue "
+        "it as it was, or start a new run"
+    ], stderr
+    status, _, stderr = _main(capsys, "run", "--resume", str(run_dir))
+    assert status == 2 and "already finished all 3 rounds" in stderr
 
-    missing = _cli("summary", str(tmp_path / "nothing"))
-    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    status, _, stderr = _main(capsys, "summary", str(tmp_path / "nothing"))
+    assert status == 2 and "does not exist" in stderr
 
 
 def test_readme_documents_every_key_and_its_quick_start_config_exists():

@@ -105,6 +105,7 @@ def test_the_command_stops_its_ray_before_its_quick_exit(tmp_path):
         },
     )
     assert result.returncode == 0, result.stderr
+    assert "Token authentication" not in result.stderr  # Ray's chatter: --verbose only
     assert any(ray_tmp.iterdir())  # it did start a Ray there
     left = subprocess.run(["pgrep", "-f", str(ray_tmp)], capture_output=True, text=True)
     assert left.stdout == "", f"Ray processes outlived the command: {left.stdout}"
