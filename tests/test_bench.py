@@ -246,3 +246,14 @@ def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
     assert np.allclose(rows["final_test_loss"], 2.3, atol=0.3)
     assert rows.loc["pfl", "pfl"]
     assert "per_round" in printed and "whole_process" in printed
+
+
+def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_results(
+    monkeypatch,
+):
+    """BENCHMARKS.md is its template filled from results/*.parquet: the committed
+    document is what the committed results make, figure for figure."""
+    report = _script("report", monkeypatch)
+    made = report.render(report.TEMPLATE.read_text()).rstrip("\n") + "\n"
+    assert made == (BENCH / "BENCHMARKS.md").read_text()
+    assert "{{" not in made and "<!--" not in made

@@ -1,25 +1,33 @@
 """Write BENCHMARKS.md from the benchmark Parquet files, with the targets beside them.
 
 python experiments/bench/report.py
+
+The prose is BENCHMARKS.template.md's; each section's function here reads its results
+and returns the figures, tables and lists that fill the section's `{{name}}`s (None
+where its results are missing).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 from common import HERE, RESULTS, save
 
+from perfed_ray.markdown import table as markdown_table
+
+TEMPLATE = HERE / "BENCHMARKS.template.md"
+Fills = dict[str, str] | None
+
 
 def _markdown(frame: pd.DataFrame) -> str:
-    cells = [list(map(str, frame.columns))]
-    cells += [
-        [f"{v:.3g}" if isinstance(v, float) else str(v) for v in row]
-        for row in frame.itertuples(index=False)
-    ]
-    lines = ["| " + " | ".join(row) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join(" --- " for _ in frame.columns) + "|")
+    return markdown_table(frame.columns, frame.itertuples(index=False))
+
+
+def _bullets(lines: list[str]) -> str:
     return "\n".join(lines)
 
 
@@ -31,10 +39,10 @@ def _machine(frame: pd.DataFrame) -> str:
     )
 
 
-def throughput_section() -> list[str]:
+def throughput_section() -> Fills:
     path = RESULTS / "throughput.parquet"
     if not path.exists():
-        return ["## Throughput", "", "Not run yet: `python experiments/bench/throughput.py`."]
+        return None
     frame = pd.read_parquet(path)
     engines = frame[frame["kind"] == "engine"]
     order = list(dict.fromkeys(engines["mode"]))
@@ -52,35 +60,26 @@ def throughput_section() -> list[str]:
         f"{f / 1e9:.0f} GFLOP/s on {int(t)} thread{'s' * (t > 1)}"
         for t, f in _gemm_peaks(frame).items()
     )
-    lines = [
-        "## Throughput: user-steps per second, MNIST workload",
-        "",
-        "`python experiments/bench/throughput.py` (MLP 80-60, batch 40, tau = 10, "
-        f"10 users per round, median over {int(engines['rounds'].iloc[0])} rounds after "
-        "the first; see the script's docstring). In brackets: the share of the GEMM "
-        f"peak measured in the same run ({peaks}) that the paper's arithmetic at that "
-        "rate takes.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(table),
-    ]
-    whole = frame[frame["kind"] == "whole-run"]
-    if not whole.empty:
-        lines += [
-            "",
-            "Whole runs (one process each, Ray started and stopped inside; "
-            "`rounds_seconds`: the sum of the run's rounds, from its `rounds` table):",
-            "",
-            _markdown(whole[["mode", "seconds", "rounds_seconds"]]),
-        ]
-    return lines
+    return {
+        "rounds": str(int(engines["rounds"].iloc[0])),
+        "peaks": peaks,
+        "machine": _machine(frame),
+        "table": _markdown(table),
+    }
 
 
-def scale_section() -> list[str]:
+def throughput_whole_section() -> Fills:
+    path = RESULTS / "throughput.parquet"
+    whole = pd.read_parquet(path).query("kind == 'whole-run'") if path.exists() else None
+    if whole is None or whole.empty:
+        return None
+    return {"whole": _markdown(whole[["mode", "seconds", "rounds_seconds"]])}
+
+
+def scale_section() -> Fills:
     path = RESULTS / "scale.parquet"
     if not path.exists():
-        return ["## Scale", "", "Not run yet: `python experiments/bench/scale.py`."]
+        return None
     frame = pd.read_parquet(path).copy()
     cols = [
         "dataset",
@@ -97,21 +96,11 @@ def scale_section() -> list[str]:
     base = frame.loc[smallest, "seconds_per_round"]
     frame["round_time_vs_n100"] = frame["seconds_per_round"] / base
     frame["all_processes_gb"] = frame["driver_peak_gb"] + frame["actors_peak_gb"]
-    return [
-        "## Scale: Synthetic(1, 1) and MNIST (Dirichlet), 100 users per round",
-        "",
-        "`python experiments/bench/scale.py` (Per-FedAvg (HF), MLP, batch 40, tau = 10, "
-        "default placement: one actor per core, fused engine, balanced rounds, "
-        "`shard_cache_mb: 64`; intermediate evaluations of `eval_users: 100`, the final one "
-        "of every user once). One invocation: the ratios to n = 100 compare runs made "
-        "minutes apart on the same machine, which is shared and noisy (CPU steal).",
-        "",
-        _machine(frame),
-        "",
-        _markdown(frame[[*cols, "round_time_vs_n100", "all_processes_gb"]]),
-        "",
-        *scale_notes(frame),
-    ]
+    return {
+        "machine": _machine(frame),
+        "table": _markdown(frame[[*cols, "round_time_vs_n100", "all_processes_gb"]]),
+        "notes": _bullets(scale_notes(frame)),
+    }
 
 
 def scale_notes(frame: pd.DataFrame) -> list[str]:
@@ -147,8 +136,12 @@ def _gemm_peaks(frame: pd.DataFrame) -> pd.Series:
     return gemm.set_index(gemm["threads"].astype(int))["flops_per_second"]
 
 
-def notes(frame: pd.DataFrame) -> list[str]:
+def notes_section() -> Fills:
     """What the throughput figures say, every number read from them."""
+    path = RESULTS / "throughput.parquet"
+    if not (path.exists() and (RESULTS / "breakdown.parquet").exists()):
+        return None
+    frame = pd.read_parquet(path)
     rate = frame[frame["kind"] == "engine"].pivot(
         index="mode", columns="algorithm", values="user_steps_per_second"
     )
@@ -185,9 +178,7 @@ def notes(frame: pd.DataFrame) -> list[str]:
     reached = engines.pivot(index="mode", columns="algorithm", values="share_of_peak").loc[
         "ray fused"
     ]
-    return [
-        "What the figures say, and why targets are missed:",
-        "",
+    lines = [
         f"- The machine: its matrix products ran at {gemm.min() / 1e9:.0f} GFLOP/s on one "
         f"thread and {gemm.max() / 1e9:.0f} on {gemm.idxmax()} in this run (the targets were "
         "set on one of 80-95 GFLOP/s a core), and every rate here moves with it: at this "
@@ -229,47 +220,31 @@ def notes(frame: pd.DataFrame) -> list[str]:
         "batches with `index_select` and updates in one pass (the issue's plain loop took "
         "128 s for these rounds on its machine).",
     ]
+    return {"notes": _bullets(lines)}
 
 
-def versus_section() -> list[str]:
+def versus_section() -> Fills:
     """The fused engine's step speed beside a baseline commit (versus.py), if measured."""
     path = RESULTS / "versus.parquet"
     if not path.exists():
-        return []
+        return None
     table = pd.read_parquet(path)
     medians = table.pivot_table(
         index="algorithm", columns="checkout", values="speed", aggfunc="median"
     )
-    lines = [
-        "## The fused engine beside an earlier commit",
-        "",
-        "`git worktree add /tmp/baseline 08a2306 && python experiments/bench/versus.py "
-        "--baseline /tmp/baseline --repeats 6`: 10 users x tau = 10 steps of batch 40 in "
-        "one call of the `fused` engine, one thread, one process per measurement in ABBA "
-        f"order, median of {table['repeat'].nunique()} repeats; 08a2306 is the commit "
-        "before the client optimisers, local epochs and method settings.",
-        "",
-        "| algorithm | baseline user-steps/s | this checkout | ratio | baseline's repeats | "
-        "this checkout's repeats |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
     spans = table.groupby(["algorithm", "checkout"])["speed"].agg(["min", "max"])
+    rows = []
     for algorithm, row in medians.iterrows():
-        ratio = row["this"] / row["baseline"]
         span = {
             c: f"{spans.loc[(algorithm, c), 'min']:.0f}-{spans.loc[(algorithm, c), 'max']:.0f}"
             for c in ("baseline", "this")
         }
-        lines.append(
-            f"| {algorithm} | {row['baseline']:.0f} | {row['this']:.0f} | {ratio:.3f} | "
-            f"{span['baseline']} | {span['this']} |"
-        )
-    lines += [
-        "",
-        "A ratio is no measured change where the two sides' repeats overlap as widely as "
-        "they do here: one process's speed moves with the shared machine.",
-    ]
-    return lines
+        ratio = row["this"] / row["baseline"]
+        medians_ = (f"{row['baseline']:.0f}", f"{row['this']:.0f}", f"{ratio:.3f}")
+        rows.append((algorithm, *medians_, span["baseline"], span["this"]))
+    header = ["algorithm", "baseline user-steps/s", "this checkout", "ratio"]
+    header += ["baseline's repeats", "this checkout's repeats"]
+    return {"repeats": str(table["repeat"].nunique()), "table": markdown_table(header, rows)}
 
 
 def side_ratios(
@@ -288,6 +263,19 @@ def side_ratios(
             whole: wide["whole_seconds"][other] / wide["whole_seconds"]["perfed-ray"],
         }
     )
+
+
+def _side_fills(
+    frame: pd.DataFrame, cols: list[str], ratios: pd.DataFrame, notes: list[str]
+) -> dict[str, str]:
+    """What a side-by-side section shows of its runs: the machine, the runs' `cols`,
+    the ratios and the notes."""
+    return {
+        "machine": _machine(frame),
+        "table": _markdown(frame[cols]),
+        "ratios": _markdown(ratios.reset_index()),
+        "notes": _bullets(notes),
+    }
 
 
 def flower_ratios(frame: pd.DataFrame) -> pd.DataFrame:
@@ -316,11 +304,11 @@ FIXED_COST = {
 }
 
 
-def breakdown_section() -> list[str]:
+def breakdown_section() -> Fills:
     """Where a run's and a round's time goes (breakdown.py), if measured."""
     path = RESULTS / "breakdown.parquet"
     if not path.exists():
-        return []
+        return None
     frame = pd.read_parquet(path)
     ms = (
         1000
@@ -351,49 +339,32 @@ def breakdown_section() -> list[str]:
         "rounds",
         "evaluations, checkpoints, rows",
     ]
-    rounds = int(frame["rounds"].iloc[0])
+    return {
+        "rounds": str(int(frame["rounds"].iloc[0])),
+        "repeats": str(frame["repeat"].nunique()),
+        "machine": _machine(frame),
+        "rounds_table": _markdown(ms.round(1).reset_index()),
+        "runs_table": _markdown(runs.round(2).reset_index()),
+    }
+
+
+def breakdown_fixed_section() -> Fills:
+    """The fixed cost's parts (breakdown.py), where the runs marked their phases."""
+    path = RESULTS / "breakdown.parquet"
+    frame = pd.read_parquet(path) if path.exists() else pd.DataFrame()
     fixed = [c for c in FIXED_COST if c in frame.columns and frame[c].notna().any()]
+    if not fixed:
+        return None
     parts = frame.groupby("algorithm")[fixed].median().round(2)
     parts.columns = [FIXED_COST[c] for c in fixed]
-    fixed_table = (
-        [
-            "",
-            "The fixed cost (the whole run less its rounds), in the phases the run marks "
-            "(`PERFED_TIMELINE`, see `perfed_ray/timeline.py`): `validation` imports torch "
-            "with the algorithm; `evaluations etc.` is the rounds' phase less the rounds.",
-            "",
-            _markdown(parts.reset_index()),
-        ]
-        if fixed
-        else []
-    )
-    return [
-        "## Where the time goes",
-        "",
-        f"`python experiments/bench/breakdown.py` ({rounds} rounds of the MNIST workload "
-        "with the default configuration, each run a fresh `perfed-ray run` process, "
-        f"evaluations at round 0 and the end; medians of {frame['repeat'].nunique()} runs "
-        "each, alternating). A round: `actors' work` is the slowest actor's own time in its "
-        "training call (its users' batches, the engine, the weighted sum); `transport` the "
-        "rest of the calls out and back (the weights' put, dispatch, the sums' transfer, "
-        "waiting); `server step` the next model from the sums; `driver` the rest (sampling, "
-        "the row). A run: `process start and exit` is Python, imports, reading MNIST, "
-        "`ray.init` and shutdown, outside the run's own clock.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(ms.round(1).reset_index()),
-        "",
-        _markdown(runs.round(2).reset_index()),
-        *fixed_table,
-    ]
+    return {"fixed": _markdown(parts.reset_index())}
 
 
-def spans_section() -> list[str]:
+def spans_section() -> Fills:
     """Local's rounds in spans against one call a round (spans.py), if measured."""
     path = RESULTS / "spans.parquet"
     if not path.exists():
-        return []
+        return None
     frame = pd.read_parquet(path)
     table = (
         frame.groupby(["algorithm", "mode"], sort=False)
@@ -409,33 +380,20 @@ def spans_section() -> list[str]:
     table.columns = ["algorithm", "mode", "round (ms)", "user-steps/s", "repeats' range"]
     table["round (ms)"] = table["round (ms)"].round(1)
     table["user-steps/s"] = [f"{r:,.0f}" for r in table["user-steps/s"]]
-    return [
-        "## Rounds in spans",
-        "",
-        f"`python experiments/bench/spans.py` (the MNIST workload, "
-        f"{int(frame['rounds'].iloc[0])} rounds a run, default placement, medians of "
-        f"{frame['repeat'].nunique()} runs a mode, alternating). Local's server never "
-        "moves, so each actor gets the rounds up to the next checkpoint (20 here) in one "
-        "call; `one call a round` is the same run with spans off. FedAvg's local work is "
-        "the same arithmetic, but each round waits for the model of the one before.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(table),
-        "",
-        f"- Spans run Local at {gain:.2f}x one call a round: the weights' put, the calls "
-        "and the sums' wait are paid once a span instead of once a round. One call a "
-        "round, Local runs behind FedAvg: a method that keeps per-user state trains each "
-        "user on its host, so a round's 10 users split unevenly between the two actors "
-        "(FedAvg's rounds are balanced); over a span the shares even out.",
-    ]
+    return {
+        "rounds": str(int(frame["rounds"].iloc[0])),
+        "repeats": str(frame["repeat"].nunique()),
+        "machine": _machine(frame),
+        "table": _markdown(table),
+        "gain": f"{gain:.2f}",
+    }
 
 
-def flower_section() -> list[str]:
+def flower_section() -> Fills:
     """FedAvg on Flower's simulation engine beside perfed-ray (flower.py), if measured."""
     path = RESULTS / "flower.parquet"
     if not path.exists():
-        return []
+        return None
     frame = pd.read_parquet(path)
     first = frame.iloc[0]
     versions = frame.dropna(subset=["flwr"]).iloc[0]
@@ -449,39 +407,16 @@ def flower_section() -> list[str]:
         "whole_seconds",
         "final_train_loss",
     ]
-    return [
-        "## FedAvg beside Flower",
-        "",
-        '`python3 -m venv /work/flower-env && /work/flower-env/bin/pip install "flwr[simulation]" '
-        "torch`, then `python experiments/bench/flower.py` "
-        f"(--pairs {pairs}, --rounds {int(first['rounds'])}): the paper's MNIST FedAvg "
-        f"({int(first['n_users'])} users of the paper's split, "
-        f"{int(first['users_per_round'])} a round, MLP 80-60 ELU, tau = 10 SGD steps of "
-        "batch 40, plain mean), on Flower's simulation engine (Ray backend, 2 ClientApp "
-        "actors of 1 CPU) and on perfed-ray's default configuration (one actor per core), "
-        "the same users' samples and w_0 (exported from perfed-ray's partition), runs "
-        "alternating perfed-ray, Flower, perfed-ray, Flower. A round on either side is "
-        "sampling, sending, training and aggregating, no evaluation; Flower evaluates "
-        "nowhere (`fraction_evaluate = 0`), perfed-ray scores all users at round 0, every "
-        "20 rounds and at the end (10 draws) and checkpoints, all of which is in its whole "
-        "run only. Whole run: from starting the process to its exit (Python, Ray, data; "
-        "Flower reads users already split). Seconds per round: perfed-ray's rounds table, "
-        "Flower's strategy hooks (configure_train to aggregate_train's end); the median "
-        "is not moved by Flower's first round, which waits for its actors to start. "
-        f"Flower {versions['flwr']} with torch {versions['flower_torch']} and Ray "
-        f"{versions['flower_ray']} in its own environment. Measured while other sessions "
-        "shared the VM's two cores: single runs are noisy, the ratios of a pair less so.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(frame[cols]),
-        "",
-        "Flower's seconds over perfed-ray's, per pair:",
-        "",
-        _markdown(flower_ratios(frame).reset_index()),
-        "",
-        *flower_notes(frame),
-    ]
+    return {
+        "pairs": str(pairs),
+        "rounds": str(int(first["rounds"])),
+        "users": str(int(first["n_users"])),
+        "per_round": str(int(first["users_per_round"])),
+        "flwr": versions["flwr"],
+        "flower_torch": versions["flower_torch"],
+        "flower_ray": versions["flower_ray"],
+        **_side_fills(frame, cols, flower_ratios(frame), flower_notes(frame)),
+    }
 
 
 def flower_notes(frame: pd.DataFrame) -> list[str]:
@@ -540,11 +475,11 @@ PFL_TARGETS = {  # workload: (per round, whole process), pfl's seconds over perf
 }
 
 
-def pfl_section() -> list[str]:
+def pfl_section() -> Fills:
     """FedAvg on pfl-research's simulator beside perfed-ray (pfl.py), if measured."""
     path = RESULTS / "pfl.parquet"
     if not path.exists():
-        return []
+        return None
     frame = pd.read_parquet(path)
     versions = frame.dropna(subset=["pfl"]).iloc[0]
     threads = int(versions["pfl_threads"])
@@ -565,40 +500,14 @@ def pfl_section() -> list[str]:
         "final_test_loss",
         "final_test_accuracy",
     ]
-    return [
-        "## FedAvg beside pfl-research",
-        "",
-        "`python3 -m venv /work/pfl-env && /work/pfl-env/bin/pip install "
-        "'pfl[pytorch]==0.6.0'`, then `python experiments/bench/pfl.py` "
-        f"(--pairs {frame['pair'].nunique()}): {shape}. pfl-research's CIFAR-10 benchmark "
-        "is their baseline.yaml (1,000 IID users of 50 images, 50 a round, one local epoch "
-        "in batches of 10 at 0.1, the server's SGD at 1.0 on the unweighted mean, their "
-        "`simple_cnn`, evaluation every 10 rounds; they run 1,500 rounds); the paper's "
-        "round is flower.py's (MLP 80-60 ELU, 50 users, 10 a round, 10 steps of batch 40). "
-        "Both sides start from the same w_0 and hold the same users (perfed-ray's partition, "
-        "exported); runs alternate perfed-ray, pfl, perfed-ray, pfl. pfl runs its "
-        f"`SimulatedBackend` in one process ({threads} torch thread{'s' * (threads != 1)}), "
-        "perfed-ray its default configuration (one Ray actor per core). A round is "
-        "sampling, training, aggregating and the server's step, timed by perfed-ray's "
-        "rounds table and by pfl's own callbacks (central evaluation outside); the median "
-        "leaves out each run's first round. Whole process: from starting it to its exit, "
-        "evaluations included (pfl: the test samples of all users before training, every "
-        "10 or 20 rounds and at the end; perfed-ray: every user's test shard before and "
-        "after one personalisation step, at the same rounds). pfl.py's docstring lists "
-        f"where the two workloads differ. pfl {versions['pfl']} with torch "
-        f"{versions['pfl_torch']} in its own environment. Measured while other sessions "
-        "shared the VM's two cores: single runs are noisy, the ratios of a pair less so.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(frame[cols]),
-        "",
-        "pfl's seconds over perfed-ray's, per workload and pair:",
-        "",
-        _markdown(pfl_ratios(frame).reset_index()),
-        "",
-        *pfl_notes(frame),
-    ]
+    return {
+        "pairs": str(frame["pair"].nunique()),
+        "shape": shape,
+        "threads": f"{threads} torch thread{'s' * (threads != 1)}",
+        "pfl": versions["pfl"],
+        "pfl_torch": versions["pfl_torch"],
+        **_side_fills(frame, cols, pfl_ratios(frame), pfl_notes(frame)),
+    }
 
 
 def pfl_notes(frame: pd.DataFrame) -> list[str]:
@@ -666,14 +575,10 @@ def gpu_results() -> pd.DataFrame | None:
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
-def gpu_section(frame: pd.DataFrame | None) -> list[str]:
+def gpu_section() -> Fills:
+    frame = gpu_results()
     if frame is None:
-        return [
-            "## GPU",
-            "",
-            "Not measured: no GPU machine was lent. On one, `python experiments/bench/gpu.py` "
-            "measures it.",
-        ]
+        return None
     mnist = frame[frame["kind"] == "mnist"].assign(
         mode=lambda f: f["mode"] + f["mps"].map({True: ", MPS", False: ""}),
         rate=lambda f: [f"{r:,.0f}" for r in f["user_steps_per_second"]],
@@ -695,31 +600,7 @@ def gpu_section(frame: pd.DataFrame | None) -> list[str]:
         rate.get((hf, mode, largest), float("nan"))
         for mode in ("ray fused, default placement", "ray fused, 4 actors a GPU")
     ]
-    return [
-        "## GPU",
-        "",
-        "`python experiments/bench/gpu.py`, then with NVIDIA's MPS daemon running "
-        "(`nvidia-cuda-mps-control -d`) `python experiments/bench/gpu.py --ray-only --users "
-        "1000 --actors 8` (the `MPS` rows). MNIST workload: the paper's MLP, batch 40, "
-        "tau = 10, MNIST split iid over 1000 users (the paper's split cannot make 1000 users), "
-        "U of them a round; one process on the GPU without Ray, or perfed-ray on a local Ray "
-        "with actors sharing the GPU (default placement: at most four actors a GPU; or "
-        "`num_gpus_per_actor` = 1 / A). User-steps per second, median of "
-        f"{int(mnist['rounds'].iloc[0])} rounds after the first. The machine's Python has its "
-        "own torch; MNIST and Ray came with each command (Ray the wheel "
-        "`shared/tools/device-wheels.sh` builds, its binaries stripped and the subpackages "
-        "a simulation does not import dropped, to fit what one command may carry).",
-        "",
-        _machine(frame),
-        "",
-        _markdown(table),
-        "",
-        "The CIFAR-10 CNN: a round of U users' local steps (tau = 4, batch 40, random inputs "
-        "of CIFAR-10's shape) under each engine `auto` times, best of its turns, and the "
-        "engine it chooses from them (`(auto)`; in a run it times up to four users).",
-        "",
-        _markdown(engines),
-        "",
+    notes = [
         "- A GPU's cost is kernel launches and the CPU's work between them, not arithmetic: "
         f"with 10 users a round HF runs {rate[hf, 'fused, one process', 10]:,.0f} "
         f"user-steps/s in one process, with {largest} "
@@ -753,6 +634,13 @@ def gpu_section(frame: pd.DataFrame | None) -> list[str]:
         + (f"{fastest_mps} a GPU." if (fastest_mps := _fastest_mps(mnist, hf)) else "(none run)."),
         *repeats_note(gpu_repeats(), hf),
     ]
+    return {
+        "rounds": str(int(mnist["rounds"].iloc[0])),
+        "machine": _machine(frame),
+        "table": _markdown(table),
+        "engines": _markdown(engines),
+        "notes": _bullets(notes),
+    }
 
 
 def repeats_note(repeats: pd.DataFrame | None, hf: str) -> list[str]:
@@ -781,10 +669,10 @@ def _fastest_mps(mnist: pd.DataFrame, algorithm: str) -> str | None:
     return best.removeprefix("ray fused, ").removesuffix(" a GPU, MPS")
 
 
-def convolutions_section() -> list[str]:
+def convolutions_section() -> Fills:
     path = RESULTS / "convolutions.parquet"
     if not path.exists():
-        return ["## CIFAR-10 CNNs", "", "Not run yet: `python experiments/bench/convolutions.py`."]
+        return None
     frame = pd.read_parquet(path)
     order = list(dict.fromkeys(frame["mode"]))
     cells = frame.assign(
@@ -802,29 +690,13 @@ def convolutions_section() -> list[str]:
             chosen["model"], chosen["algorithm"], chosen["auto_seconds"], strict=True
         )
     ]
-    return [
-        "## CIFAR-10 CNNs: `engine: auto` beside the per-user loop",
-        "",
-        "`python experiments/bench/convolutions.py` (CIFAR-10, paper split, 50 users, 10 a "
-        "round, tau = 4, batch 40; `loop` is the sequential engine, `auto` what `engine: "
-        "auto` chose, measured afresh by the same command; one thread in one process, or "
-        f"perfed-ray on the local Ray, default placement; median of {int(frame['rounds'].iloc[0])} "
-        "rounds per mode, the modes in turns). User-steps per second, the engine in brackets.",
-        "",
-        _machine(frame),
-        "",
-        _markdown(table),
-        "",
-        "Figures from one invocation on a shared 2-core machine; where auto ran the "
-        "sequential engine, its row and the loop's differ only by noise. "
-        "What auto measured for one process on one thread (a round of up to four users' "
-        "tau local steps, best of its turns): "
-        + "; ".join(measured)
-        + f". It chose {', '.join(sorted(set(chosen['engine'])))} on this "
-        "machine; the grouped engine (each user's filters one group of a grouped "
-        "convolution) is chosen only where it measures fastest, as it does on a GPU "
-        "(section GPU).",
-    ]
+    return {
+        "rounds": str(int(frame["rounds"].iloc[0])),
+        "machine": _machine(frame),
+        "table": _markdown(table),
+        "measured": "; ".join(measured),
+        "chosen": ", ".join(sorted(set(chosen["engine"]))),
+    }
 
 
 def _rate(frame: pd.DataFrame, algorithm: str, prefix: str) -> float | None:
@@ -832,7 +704,7 @@ def _rate(frame: pd.DataFrame, algorithm: str, prefix: str) -> float | None:
     return None if rows.empty else float(rows["user_steps_per_second"].max())
 
 
-def targets(gpu: pd.DataFrame | None) -> list[str]:
+def targets_section() -> Fills:
     """Each target with what was measured and whether it was met."""
     rows = []
     path = RESULTS / "throughput.parquet"
@@ -934,12 +806,9 @@ def targets(gpu: pd.DataFrame | None) -> list[str]:
     pfl = RESULTS / "pfl.parquet"
     if pfl.exists():
         rows += pfl_targets(pd.read_parquet(pfl))
-    lines = ["## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
-    lines += [f"| {text} | {value} | {'yes' if ok else 'no'} |" for text, value, ok in rows]
-    lines.append(gpu_target(gpu))
-    if path.exists():
-        lines += ["", *notes(pd.read_parquet(RESULTS / "throughput.parquet"))]
-    return lines
+    rows = [(text, value, "yes" if ok else "no") for text, value, ok in rows]
+    rows.append(gpu_target(gpu_results()))
+    return {"targets": markdown_table(["target", "measured", "met"], rows)}
 
 
 def gpu_repeats() -> pd.DataFrame | None:
@@ -955,12 +824,12 @@ def _default_hf(frame: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
-def gpu_target(frame: pd.DataFrame | None) -> str:
+def gpu_target(frame: pd.DataFrame | None) -> tuple[str, str, str]:
     """The H100 target's row: HF with the default placement without MPS (the median of
     every run of it, gpu.py's and the repeats') and with it."""
-    text = "| one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors) |"
+    text = "one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors)"
     if frame is None or not frame["gpu"].str.contains("H100").all():
-        return f"{text} not measured (no H100 lent) | - |"
+        return text, "not measured (no H100 lent)", "-"
     pick = _default_hf(frame)
     repeats = gpu_repeats()
     plain = pd.concat([pick[~pick["mps"]], *([] if repeats is None else [_default_hf(repeats)])])
@@ -974,44 +843,47 @@ def gpu_target(frame: pd.DataFrame | None) -> str:
     for r in pick.loc[pick["mps"], "user_steps_per_second"]:
         cells.append(f"{r:,.0f} (with MPS)")
         met.append(f"{'yes' if r >= 100_000 else 'no'} (with MPS)")
-    return f"{text} {'; '.join(cells)} | {', '.join(met)} |"
+    return text, "; ".join(cells), ", ".join(met)
+
+
+# Each section of the template, and the function that fills it.
+SECTIONS: dict[str, Callable[[], Fills]] = {
+    "targets": targets_section,
+    "notes": notes_section,
+    "throughput": throughput_section,
+    "throughput_whole": throughput_whole_section,
+    "breakdown": breakdown_section,
+    "breakdown_fixed": breakdown_fixed_section,
+    "spans": spans_section,
+    "scale": scale_section,
+    "convolutions": convolutions_section,
+    "versus": versus_section,
+    "flower": flower_section,
+    "pfl": pfl_section,
+    "gpu": gpu_section,
+}
+_MARKER = re.compile(r"<!-- section (\w+)(?: (\w+))? -->\n")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+def render(template: str) -> str:
+    """The template with each section filled, or left out (or, where it names its
+    script, its `Not run yet` line) where its results are missing."""
+    pieces = _MARKER.split(template)
+    out = [pieces[0]]
+    for name, script, text in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+        fills = SECTIONS[name]()
+        if fills is not None:
+            out.append(_PLACEHOLDER.sub(lambda m, fills=fills: fills[m[1]], text))
+        elif script:
+            heading = text.splitlines()[0]
+            out.append(f"{heading}\n\nNot run yet: `python experiments/bench/{script}.py`.\n\n")
+    lines = "".join(out).splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("<!-- "))
 
 
 def write_report() -> None:
-    gpu = gpu_results()
-    lines = [
-        "# Benchmarks",
-        "",
-        "Made by `python experiments/bench/report.py` from "
-        "`experiments/bench/results/*.parquet`; each section names the command that "
-        "measured it. Figures are from the machine named in each section. The targets are "
-        'those of the issues "Thousands of users" (scale), "An open core" and "Fastest '
-        "on the field's own benchmark\" (issue 36: throughput, the whole run against the "
-        'loop, Flower and pfl-research), and "Balanced rounds and every model on its '
-        "fastest path\" (the CNNs' engines).",
-        "",
-        *targets(gpu),
-        "",
-        *throughput_section(),
-        "",
-        *breakdown_section(),
-        "",
-        *spans_section(),
-        "",
-        *scale_section(),
-        "",
-        *convolutions_section(),
-        "",
-        *versus_section(),
-        "",
-        *flower_section(),
-        "",
-        *pfl_section(),
-        "",
-        *gpu_section(gpu),
-        "",
-    ]
-    (HERE / "BENCHMARKS.md").write_text("\n".join(lines))
+    (HERE / "BENCHMARKS.md").write_text(render(TEMPLATE.read_text()).rstrip("\n") + "\n")
 
 
 def publish(rows: list[dict], name: str, out: Path = RESULTS) -> None:
