@@ -52,7 +52,14 @@ def test_run_writes_all_three_tables_and_learns(ray_session, tmp_path):
     rounds = pd.read_parquet(tmp_path / "rounds")
     assert rounds["round"].tolist() == list(range(1, 13))
     assert all(len(u) == 3 == len(set(u)) for u in rounds["users"])
-    assert (rounds["bytes_sent"] > 0).all() and (rounds["bytes_received"] > 0).all()
+    # the model (float32) out to each actor called, a float64 sum of it back from each
+    users = list(range(EASY["n_users"]))
+    prepared = simulation.prepare(from_mapping({**EASY, "algorithm": "perfedavg-hf"}))
+    w_0 = simulation.initial_weights(prepared.cfg, prepared.source(users))
+    calls = rounds["bytes_sent"] // w_0.nbytes
+    assert (rounds["bytes_sent"] == calls * 4 * w_0.size).all()
+    assert calls.between(1, len(read_table(tmp_path, "actors"))).all()
+    assert (rounds["bytes_received"] == calls * 8 * w_0.size).all()
     # Rows are appended to one file per table and run, rewritten at every flush.
     for table in ("runs", "rounds", "evals"):
         assert [p.name for p in (tmp_path / table / f"run_id={run_id}").iterdir()] == [
