@@ -263,7 +263,10 @@ def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_s
     assert row["seed"] == 0 and row["users"] == 3
     assert row["difference"] == pytest.approx(100 * (0.1 + 0.0 - 0.2) / 3)
     assert (row["ahead"], row["behind"]) == (1, 1)
-    assert row["interval"] > 0
+    # the half-width of the 95% t interval of the users' gaps 10, 0 and -20 points:
+    # t(0.975, 2 degrees of freedom) = 4.3027 (a t table) times their standard error,
+    # sqrt(((40/3)**2 + (10/3)**2 + (50/3)**2) / 2 / 3) = sqrt(700 / 9)
+    assert row["interval"] == pytest.approx(4.302653 * (700 / 9) ** 0.5)
     # Entries whose users differ are not paired user by user.
     other = runs.assign(n_users=[3, 5, 3, 5])
     with pytest.raises(ValueError, match="n_users: 3, 5"):
