@@ -105,6 +105,23 @@ def experiment_script(name: str) -> Iterator[ModuleType]:
     sys.path.remove(str(REPO / "experiments"))
 
 
+def run_cells_here(cells: list, out: Path, jobs: int) -> int:
+    """experiments/table1.py's `run_cells` with each cell's `perfed-ray run` called in
+    this process, on the session's Ray: for the scripts built on it, whose tests are of
+    their grids and tables (a process per cell is test_table1_script's)."""
+    from table1 import command, state
+
+    from perfed_ray.analysis import read_runs
+    from perfed_ray.cli import main
+
+    failures = 0
+    for cell in cells:
+        how, run_id = state(cell, read_runs(out))
+        if how != "done":
+            failures += main(command(cell, out, how, run_id)[3:]) != 0  # after `python -m x`
+    return failures
+
+
 def run_cli(
     args: list[str], address: str, fault: str | None = None, pythonpath: Path | None = None
 ) -> subprocess.CompletedProcess:

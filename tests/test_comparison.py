@@ -3,11 +3,13 @@ seen against unseen users, after 0, 1 and 5 personalisation steps, from real run
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import TINY, experiment_script
+from conftest import TINY, experiment_script, run_cells_here
 
 import perfed_ray
 from perfed_ray.analysis import mean_ci95
@@ -63,14 +65,15 @@ def test_the_compare_command_writes_the_report(compared, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, monkeypatch):
-    """The smoke test: one tiny setting, one seed, two methods, run by the script's own
-    runner (a `perfed-ray run` process per cell, on the session's Ray)."""
-    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
+    """The smoke test: one tiny setting, one seed, two methods, each cell's `perfed-ray
+    run` in this process on the session's Ray (a process per cell is table1's test)."""
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
     configs = tmp_path / "configs"
     configs.mkdir()
     tiny = {k: v for k, v in COMPARED.items() if k != "users_per_actor"}
     (configs / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     for script in experiment_script("comparison"):
+        monkeypatch.setattr(script, "run_cells", run_cells_here)
         args = ["--configs", str(configs), "--out", str(tmp_path / "out"), "--seeds", "1"]
         assert script.main([*args, "--methods", "local", "fedavg-ft"]) == 0
         report = (tmp_path / "out" / "report" / "comparison.md").read_text()

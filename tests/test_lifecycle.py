@@ -24,6 +24,7 @@ from conftest import TINY
 import perfed_ray
 from perfed_ray.analysis import outcome, read_table
 from perfed_ray.cli import main
+from perfed_ray.runtime.pool import WorkFailed
 
 STOPPED = {**TINY, "rounds": 6, "checkpoint_every": 2, "algorithm": "fedavg"}
 
@@ -247,7 +248,7 @@ def test_actor_retries_count_per_round_for_methods_with_per_user_state(
     pd.testing.assert_frame_equal(*evals, check_exact=True)
 
     monkeypatch.setenv("PERFED_FAULT", "actor-always@2")  # dies in round 2 whatever happens
-    with pytest.raises(Exception, match=r"round 2: the actor hosting users 0, 1, 2, 3 died 2 "):
+    with pytest.raises(WorkFailed, match=r"round 2: the actor hosting users 0, 1, 2, 3 died 2 "):
         perfed_ray.simulate(values, tmp_path / "failed")
     assert _status(tmp_path / "failed") == "failed"
 

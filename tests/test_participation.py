@@ -86,5 +86,12 @@ def test_sampling_by_samples_never_draws_an_unseen_user():
 def test_a_run_drawn_by_samples_records_it(ray_session, tmp_path):
     result = perfed_ray.simulate({**TINY, "sampling": "samples"}, tmp_path)
     assert result.table("runs")["sampling"].tolist() == ["samples"]
+    # each round's users are those drawn in proportion to the training sizes the run
+    # recorded for them (its evals rows)
+    evals = result.table("evals").drop_duplicates("user").sort_values("user")
+    assert evals["user"].tolist() == list(range(TINY["n_users"]))
+    strategy = Strategy(from_mapping({**TINY, "sampling": "samples"}), evals["n_train"].to_numpy())
+    for row in result.table("rounds").itertuples():
+        assert sorted(row.users) == sorted(strategy.sample(row.round)), row.round
     with pytest.raises(ConfigError, match="trained_users = 'some' is not allowed"):
         from_mapping({"trained_users": "some"})

@@ -1,13 +1,15 @@
-"""The reproduction script's smoke test: one tiny entry run by its own runner, its
+"""The reproduction script's smoke test: one tiny entry run through its grid, its
 table written from the Parquet files, and the authors' code's figure beside it."""
 
 from __future__ import annotations
+
+import warnings
 
 import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import TINY, experiment_script
+from tests.conftest import TINY, experiment_script, run_cells_here
 
 FACTS = {
     "tiny-local": {
@@ -48,7 +50,7 @@ def _hand_scores(out) -> dict[str, tuple[float, float, float]]:
 def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
     ray_session, tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
     configs, out = tmp_path / "configs", tmp_path / "out"
     configs.mkdir()
     tiny = {k: v for k, v in TINY.items() if k != "users_per_actor"}
@@ -63,6 +65,7 @@ def test_the_reproduction_script_runs_its_entries_and_writes_the_table(
         {"model": ["theirs", "theirs", "other"], "best_accuracy": [50.0, 70.0, 10.0]}
     ).to_parquet(out / "authors" / "tiny.parquet")
     for script in experiment_script("reproduction"):
+        monkeypatch.setattr(script, "run_cells", run_cells_here)
         args = ["--configs", str(configs), "--out", str(out), "--seeds", "2"]
         assert script.main(args) == 0
         table = (out / "reproduction.md").read_text()
