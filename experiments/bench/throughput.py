@@ -26,7 +26,7 @@ input-gradient matrix products; FedAvg takes one a step, FO two, HF four and exa
 Per-FedAvg four (its Hessian-vector product priced as two gradients). The peak is a
 1024 x 1024 float32 matrix product on one thread and on all threads.
 
-Unless --no-whole-runs: the README's quick start (1000 rounds of HF) timed from
+Unless --no-whole-runs: the first run of docs/index.md (1000 rounds of HF) timed from
 command to summary, and a whole 300-round run beside the single-thread loop doing the
 same 300 rounds of training, start-up and compilation included.
 
