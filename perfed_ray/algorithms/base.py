@@ -25,7 +25,7 @@ from perfed_ray.registry import CLIENT_OPTIMIZERS
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
+    from perfed_ray.config.schema import RunConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, labels
 

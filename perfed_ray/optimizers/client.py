@@ -21,7 +21,7 @@ from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
+    from perfed_ray.config.schema import RunConfig
 
 
 class ClientOptimizer:
