@@ -2,7 +2,8 @@
 key's meaning in :mod:`.meanings`), the settings components declare in their own
 sections (:mod:`.sections`, old flat names in :mod:`.legacy`), reading files and
 `--set` pairs (:mod:`.load`), rules across keys (:mod:`.rules`), the reference that
-`perfed-ray keys` and the docs print (:mod:`.docs`).
+`perfed-ray keys` and the docs print (:mod:`.docs`), and the record of its own
+settings each component is made from (:mod:`.owners`).
 
 The names below are the package's public face, so ``from perfed_ray.config import
 from_mapping`` reads as it always has; the modules say where each one lives.

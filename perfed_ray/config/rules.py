@@ -60,7 +60,7 @@ def check(cfg: RunConfig) -> None:
             f"features: use model: mlp or logreg"
         )
     method = REGISTRIES["algorithm"].load(cfg.algorithm)
-    method.validate(cfg)
+    method.validate(method.HParams.of(cfg))
     if cfg.local_epochs is not None and not method.epochs:
         raise ConfigError(
             f"local_epochs = {cfg.local_epochs} does not apply to algorithm = "
