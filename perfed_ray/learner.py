@@ -17,7 +17,7 @@ from torch import nn
 
 from perfed_ray.algorithms.base import Algorithm, ModelOps
 from perfed_ray.algorithms.tree import Params
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import Shard
 from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from perfed_ray.algorithms.tree import tree_map
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.dropout import index, random_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import Engine, stack

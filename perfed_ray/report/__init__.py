@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfed_ray.analysis import format_summary, read_table, summary
-from perfed_ray.config import FIELDS
+from perfed_ray.config.schema import FIELDS
 from perfed_ray.errors import InputError
 from perfed_ray.paper import ROW_KEYS, TABLE1, describe
 from perfed_ray.report.cells import (

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfed_ray.analysis import final_accuracy, mean_ci95, per_draw_accuracy, read_runs, read_table
-from perfed_ray.config import FIELDS
+from perfed_ray.config.schema import FIELDS
 from perfed_ray.data.datasets import paper_a
 from perfed_ray.paper import ROW_KEYS
 

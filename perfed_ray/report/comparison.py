@@ -18,9 +18,10 @@ import numpy as np
 import pandas as pd
 
 from perfed_ray.analysis import mean_ci95, read_runs, read_table
-from perfed_ray.config import CORE, FIELDS, SECTIONED, section_name, spec
+from perfed_ray.config.schema import CORE, FIELDS, spec
+from perfed_ray.config.sections import section_name
 from perfed_ray.errors import InputError
-from perfed_ray.registry import ALGORITHMS
+from perfed_ray.registry import ALGORITHMS, SECTIONED
 from perfed_ray.report.cells import MECHANICS
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from perfed_ray import faults
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.data.augment import augmentation
 from perfed_ray.data.cache import ShardCache
