@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from perfed_ray.version import __version__
 
 __all__ = ["RunResult", "__version__", "simulate"]
 

@@ -22,10 +22,9 @@ from typing import NoReturn
 
 from perfed_ray import __version__, timeline
 from perfed_ray import config as configuration
-from perfed_ray.api import REPORT
 from perfed_ray.display import duration
 from perfed_ray.errors import ConfigError, InputError, UnreadableFile
-from perfed_ray.lifecycle import LOGS
+from perfed_ray.results.layout import REPORT, traceback_log
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -108,7 +107,7 @@ def _ended(err: BaseException, shown: dict[str, str]) -> int:
             file=sys.stderr,
         )
     else:
-        log = Path(out) / LOGS / f"{run_id}.txt"
+        log = traceback_log(out, run_id)
         kept = f"traceback in {log}; " if log.exists() else ""
         print(
             f"\nerror: run {run_id} failed: {type(err).__name__}: {err}\n  {marked}; "
@@ -192,7 +191,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _print_table(table, markdown: bool) -> None:
-    from perfed_ray.analysis import format_summary
+    from perfed_ray.display import format_summary
 
     print(format_summary(table, markdown=markdown))
 

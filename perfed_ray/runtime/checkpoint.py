@@ -29,9 +29,9 @@ import numpy as np
 
 from perfed_ray import faults
 from perfed_ray.errors import ConfigError, first_line
+from perfed_ray.results.layout import CHECKPOINTS
 from perfed_ray.results.writer import write_atomically
 
-FOLDER = "checkpoints"
 _RUN_ID = re.compile(r"run_id=(.+)")
 SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 
@@ -90,7 +90,7 @@ class RunStore:
     RECORD = "run.json"  # a run exists, and can be resumed, once this is written
 
     def __init__(self, out: Path, run_id: str) -> None:
-        self.folder = Path(out) / FOLDER / f"run_id={run_id}"
+        self.folder = Path(out) / CHECKPOINTS / f"run_id={run_id}"
 
     @property
     def started(self) -> bool:
