@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import perfed_ray
 from perfed_ray import faults, timeline
+from perfed_ray.algorithms.base import keeps_user_state
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -64,7 +65,6 @@ from perfed_ray.runtime.placement import (
 )
 from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
 from perfed_ray.runtime.rounds import Progress, Rounds
-from perfed_ray.server import Server
 
 
 @dataclass(frozen=True)
@@ -385,7 +385,8 @@ def run(
         policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
         # user's own Strategy written before sizes existed takes cfg alone
         strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
-        server = Server(cfg, template)
+        initial = strategy.init(template)
+        stateful = keeps_user_state(strategy.algorithm, template)
         rollbacks = _RollBacks(cfg.actor_retries, life.store, writer)
         work = round_work(prepared) if cfg.balance_rounds else None
         incarnations = None
@@ -397,18 +398,14 @@ def run(
                     actor_factory(prepared, placement, checkpoint, group),
                     cfg.actor_retries,
                     writer.add,
-                    replaceable=not server.stateful,
+                    replaceable=not stateful,
                     incarnations=incarnations,
-                )
-                weights = (
-                    checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
                 )
                 rounds = Rounds(
                     cfg,
-                    Coordinator(pool, bool(cfg.balance_rounds), work, server.stateful),
-                    weights,
+                    Coordinator(pool, bool(cfg.balance_rounds), work, stateful),
                     strategy,
-                    server,
+                    initial,
                     writer,
                     life.store,
                     on_progress,
