@@ -26,10 +26,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("config",),
     # the maths, which knows nothing of Ray
     ("data",),
-    ("algorithms", "optimizers", "dropout"),
+    ("algorithms", "optimizers", "dropout", "postprocess"),
     ("models",),
     ("engines",),
-    ("strategy", "server", "learner"),
+    ("strategy", "learner"),
     # the results folder: its layout, writing and reading
     ("results",),
     # reading results: analysis consumes the results package, reports and displays it
@@ -146,8 +146,8 @@ def modules(*parts: str) -> list[Path]:
         *modules("engines"),
         *modules("optimizers"),
         *modules("learner.py"),
-        *modules("server.py"),
         *modules("strategy.py"),
+        *modules("postprocess.py"),
         *modules("runtime", "rounds.py"),
     ],
     ids=lambda p: str(p.relative_to(PACKAGE)),
@@ -161,10 +161,9 @@ def test_the_coordinator_is_transport_only() -> None:
     used = imports(PACKAGE / "runtime" / "coordinator.py")
     for concern in (
         "perfed_ray.faults",  # fault injection: the pool and the files
-        "perfed_ray.server",  # the server's maths: Rounds calls the Server
         "perfed_ray.results",  # rows: Rounds and the writer
         "perfed_ray.runtime.checkpoint",  # checkpoints: Rounds and the store
-        "perfed_ray.strategy",  # who takes part: Rounds asks the strategy
+        "perfed_ray.strategy",  # who takes part and the server's maths: Rounds asks it
     ):
         assert not {n for n in used if n.startswith(concern)}, f"the coordinator uses {concern}"
     assert "ray" in used  # ... and is where the rounds touch Ray
@@ -178,7 +177,7 @@ def test_the_rounds_and_the_maths_load_no_ray_even_indirectly():
     """Not only their own imports: nothing they import loads Ray (the coordinator is
     handed to the rounds, never imported by them)."""
     code = (
-        "import sys, perfed_ray.runtime.rounds, perfed_ray.learner, perfed_ray.server, "
+        "import sys, perfed_ray.runtime.rounds, perfed_ray.learner, perfed_ray.strategy, "
         "perfed_ray.engines; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

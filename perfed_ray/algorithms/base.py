@@ -24,7 +24,7 @@ import torch
 from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.schema import RunConfig
-from perfed_ray.registry import CLIENT_OPTIMIZERS
+from perfed_ray.registry import ALGORITHMS, CLIENT_OPTIMIZERS
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
@@ -182,6 +182,20 @@ class Algorithm:
         """The next global model from the users' aggregated models (Algorithm 1: the
         aggregate itself)."""
         return aggregate
+
+
+def make_algorithm(cfg: RunConfig) -> Algorithm:
+    """The run's method, built from its configuration: the one way the learner, the
+    strategy and the engine measurement get it, so that a method's constructor sees
+    the same configuration everywhere."""
+    return ALGORITHMS.load(cfg.algorithm)(cfg)
+
+
+def keeps_user_state(algorithm: Algorithm, template: Params) -> bool:
+    """Whether the method's users keep per-user state on their actor: checkpoints then
+    fetch it, a dead actor means a roll-back rather than a replacement, and a user
+    trained on another actor (balanced rounds) takes its state there and back."""
+    return algorithm.init_user_state(template) is not None
 
 
 def concrete(flag: torch.Tensor) -> bool | None:

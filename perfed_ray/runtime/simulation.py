@@ -33,6 +33,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 
 from perfed_ray import timeline
+from perfed_ray.algorithms.base import keeps_user_state
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -68,7 +69,6 @@ from perfed_ray.runtime.placement import (
 from perfed_ray.runtime.pool import ActorPool, StateLost
 from perfed_ray.runtime.rollbacks import RollBacks
 from perfed_ray.runtime.rounds import Progress, Rounds
-from perfed_ray.server import Server
 from perfed_ray.version import __version__
 
 
@@ -270,7 +270,8 @@ def run(
     policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
     # user's own Strategy written before sizes existed takes cfg alone
     strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
-    server = Server(cfg, template)
+    initial = strategy.init(template)
+    stateful = keeps_user_state(strategy.algorithm, template)
     rollbacks = RollBacks(cfg.actor_retries, store, writer)
     work = round_work(prepared) if cfg.balance_rounds else None
     incarnations = None
@@ -282,16 +283,14 @@ def run(
                 actor_factory(prepared, placement, checkpoint, group),
                 cfg.actor_retries,
                 writer.add,
-                replaceable=not server.stateful,
+                replaceable=not stateful,
                 incarnations=incarnations,
             )
-            weights = checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
             rounds = Rounds(
                 cfg,
-                Coordinator(pool, bool(cfg.balance_rounds), work, server.stateful),
-                weights,
+                Coordinator(pool, bool(cfg.balance_rounds), work, stateful),
                 strategy,
-                server,
+                initial,
                 writer,
                 store,
                 on_progress,
