@@ -11,7 +11,6 @@ stopped for any reason, SIGKILL included, continues with ``--resume``.
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import signal
 import sys
@@ -20,7 +19,7 @@ import warnings
 from pathlib import Path
 from typing import NoReturn
 
-from perfed_ray import __version__, timeline
+from perfed_ray import __version__, exiting, timeline
 from perfed_ray import config as configuration
 from perfed_ray.display import duration
 from perfed_ray.errors import ConfigError, InputError, UnreadableFile
@@ -347,16 +346,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The `perfed-ray` command: :func:`main`, then, once every exit hook has run (Ray
-    stopped, temporary folders removed) and the output is flushed, an exit that skips
-    the interpreter's teardown of torch's thousands of modules, about a second that a
-    finished command has no use for."""
+    """The `perfed-ray` command: :func:`main`, then an exit that runs every exit hook
+    (Ray stopped, temporary folders removed, output flushed) but skips the interpreter's
+    teardown (:mod:`perfed_ray.exiting`)."""
     status = main()
-    atexit._run_exitfuncs()  # the exit hooks (logging's flush too), now, not at teardown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    timeline.mark("exit")
-    os._exit(status)
+    exiting.arm(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

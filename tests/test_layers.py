@@ -20,7 +20,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "perfed_ray"
 # modules), so a new one is placed deliberately.
 LAYERS: list[tuple[str, ...]] = [
     # what every layer leans on
-    ("errors", "seeding", "markdown", "timeline", "faults", "states", "yamlfile", "paper"),
+    (
+        "errors",
+        "seeding",
+        "markdown",
+        "timeline",
+        "faults",
+        "states",
+        "yamlfile",
+        "paper",
+        "exiting",
+    ),
     ("version",),
     ("registry", "settings"),
     ("config",),
