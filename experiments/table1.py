@@ -40,7 +40,7 @@ from perfed_ray.analysis import read_runs
 from perfed_ray.data.datasets import paper_a
 from perfed_ray.report import write_report
 from perfed_ray.report.cells import MECHANICS
-from perfed_ray.runtime.checkpoint import FOLDER
+from perfed_ray.results.layout import CHECKPOINTS
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE / "configs" / "table1"
@@ -212,7 +212,7 @@ def forecast(cells: Iterable[Cell], measured: pd.DataFrame) -> str:
 def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
     cli = [sys.executable, "-m", "perfed_ray.cli", "run"]
     if how == "resume":
-        return [*cli, "--resume", str(out / FOLDER / f"run_id={run_id}"), "--quiet"]
+        return [*cli, "--resume", str(out / CHECKPOINTS / f"run_id={run_id}"), "--quiet"]
     sets = [arg for pair in (*cell.sets, *RUN_WITH) for arg in ("--set", pair)]
     return [*cli, str(cell.config), *sets, "--out", str(out), "--quiet"]
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+# First, so that its exit hook is registered before any other and runs after them all.
+from perfed_ray import exiting  # noqa: F401
+from perfed_ray.version import __version__
 
 __all__ = ["RunResult", "__version__", "simulate"]
 

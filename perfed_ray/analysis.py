@@ -11,18 +11,15 @@ seeds come from :func:`across_seeds`.
 from __future__ import annotations
 
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from perfed_ray.config import FIELDS, legacy_keys, registered_settings
-from perfed_ray.errors import UnreadableFile, first_line
-from perfed_ray.results.writer import table_schema
+from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS
+from perfed_ray.results.reader import read_runs, read_table
+
+# read_table and read_runs are the results package's; a notebook's analysis starts here.
 
 CONFIG_KEYS = [
     "dataset",
@@ -40,124 +37,18 @@ CONFIG_KEYS = [
 LAST_ROUNDS = 10
 
 
-def t_quantile(p: float, df: int) -> float:
-    """Student-t quantile for p in (0.5, 1), by bisection on a numerically integrated CDF."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float) -> float:
-        t = np.linspace(0.0, x, 4001)
-        pdf = np.exp(log_norm - (df + 1) / 2 * np.log1p(t * t / df))
-        return 0.5 + float(np.sum((pdf[1:] + pdf[:-1]) / 2) * (t[1] - t[0]))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
 def mean_ci95(values: np.ndarray) -> tuple[float, float]:
     """Mean and half-width of its 95% t interval (0 for a single value)."""
+    from scipy import stats  # a second to import: only once an interval is asked for
+
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return float(values.mean()), 0.0
-    half = t_quantile(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
     return float(values.mean()), float(half)
 
 
-def _skip(path: Path, why: str) -> None:
-    # One place of warning: each file is warned of once per process, however often read.
-    warnings.warn(f"skipped {path}: {why}", UnreadableFile, stacklevel=1)
-
-
-def _readable(folder: Path, run_id: str | None) -> list[tuple[Path, pa.Schema]]:
-    """The Parquet files of a table's run folders (one run's with `run_id`) and their
-    schemas. A file that is not a table's, or cannot be read (corrupt, truncated), is
-    skipped with one warning naming it, so that one bad file does not hide every run;
-    hidden files (writes in progress) are skipped silently."""
-    runs = sorted(folder.iterdir()) if run_id is None else [folder / f"run_id={run_id}"]
-    paths = [
-        path
-        for entry in runs
-        if not entry.name.startswith(".")
-        for path in (
-            sorted(entry.iterdir())
-            if entry.is_dir() and entry.name.startswith("run_id=")
-            else [entry]
-        )
-    ]
-    files = []
-    for path in paths:
-        if path.name.startswith(".") or not path.exists():
-            continue
-        if path.is_dir() or not path.parent.name.startswith("run_id=") or path.suffix != ".parquet":
-            _skip(path, f"not a results file ({folder}/run_id=<id>/*.parquet)")
-            continue
-        try:
-            files.append((path, pq.read_schema(path)))
-        except (OSError, pa.ArrowException) as err:
-            _skip(path, f"not a readable Parquet file ({first_line(err)})")
-    return files
-
-
-def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.DataFrame:
-    """One results table across every run under `out` (empty if there is none yet).
-
-    Reads with the current schema joined with every file's own (components' settings
-    are columns of their runs alone), so files written before a column existed read
-    back with nulls there instead of hiding the column. Files that cannot be read are
-    skipped, each with one warning (:class:`~perfed_ray.errors.UnreadableFile`).
-    """
-    folder = Path(out) / table
-    files = _readable(folder, run_id) if folder.is_dir() else []
-    if not files:
-        return pd.DataFrame()
-    schema = pa.unify_schemas(
-        [table_schema(table), *(s for _, s in files)], promote_options="permissive"
-    )
-    data = ds.dataset(
-        [str(f) for f, _ in files],
-        schema=schema,
-        format="parquet",
-        partitioning="hive",
-        partition_base_dir=str(folder),
-    )
-    return data.to_table().to_pandas()
-
-
-def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
-    """The runs table with configuration values that older results lack (a key added
-    later reads back as null) filled in with the key's default, which is what those
-    runs used."""
-    runs = read_table(out, "runs", run_id)
-    for name, f in FIELDS.items():
-        if name in runs and f.default is not None and runs[name].isna().any():
-            runs[name] = runs[name].fillna(f.default)
-    # Runs from before components declared their settings kept them in flat columns
-    # (`pfedme_lr`): they are read as the setting of the run's own method.
-    for old, dotted in legacy_keys().items():
-        if old in runs:
-            mine = runs["algorithm"] == dotted.partition(".")[0]
-            values = runs[old].where(mine)
-            runs[dotted] = runs[dotted].fillna(values) if dotted in runs else values
-            runs = runs.drop(columns=old)
-    # A setting a component declared later reads back, for that component's runs, as
-    # its default (what they ran with), so a finished run still matches its config.
-    for dotted, (key, component, setting) in registered_settings().items():
-        if key not in runs or setting.default is None:
-            continue
-        mine = runs[key] == component
-        if not mine.any():
-            continue
-        if dotted not in runs:
-            runs[dotted] = pd.Series([None] * len(runs), index=runs.index, dtype=object)
-        runs.loc[mine & runs[dotted].isna(), dotted] = setting.default
-    return runs
-
-
-OUTCOME = {"rounds": ["round"], "evals": ["round", "user", "draw"], "events": ["round", "kind"]}
+OUTCOME = {ROUNDS: ["round"], EVALS: ["round", "user", "draw"], EVENTS: ["round", "kind"]}
 # How long it took, how the weights travelled (a span of rounds sends them once, and
 # where spans end follows the time rounds take) and the run's name: not results.
 MEASURED = [
@@ -360,7 +251,7 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
         "hostname",
     ]
     table = runs[cols]
-    evals = read_table(out, "evals", run_id)
+    evals = read_table(out, EVALS, run_id)
     if not evals.empty:
         acc = final_accuracy(evals)
         if not acc.empty:
@@ -386,45 +277,3 @@ def across_seeds(final: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
-    """The summary as aligned text (terminal) or a Markdown table, accuracies in %."""
-    shown = pd.DataFrame(
-        {
-            "run_id": table["run_id"],
-            "dataset": table["dataset"],
-            "partition": table["partition"],
-            "algorithm": table["algorithm"],
-            "tau": table["tau"],
-            "alpha": table["alpha"],
-            "variant": [
-                ", ".join(f"{k}={row[k]}" for k in VARIANT_KEYS if row[k] != FIELDS[k].default)
-                or "-"
-                for _, row in table.iterrows()
-            ],
-            "seed": table["seed"],
-            "status": table["status"],
-            "rounds": [
-                f"{d}/{r}" for d, r in zip(table["rounds_done"], table["rounds"], strict=True)
-            ],
-            "wall": [f"{w:.0f} s" if pd.notna(w) else "-" for w in table["wall_seconds"]],
-        }
-    )
-    if "accuracy" in table:
-        shown["pers. acc (95% CI, draws)"] = [
-            "-" if pd.isna(a) else f"{100 * a:.2f} ± {100 * h:.2f} ({int(d)})"
-            for a, h, d in zip(table["accuracy"], table["ci95"], table["draws"], strict=True)
-        ]
-        shown["acc before adapt."] = [
-            "-" if pd.isna(a) else f"{100 * a:.2f}" for a in table["acc_before"]
-        ]
-    cells = [[str(c) for c in shown.columns], *shown.astype(str).to_numpy().tolist()]
-    if markdown:
-        lines = ["| " + " | ".join(row) + " |" for row in cells]
-        lines.insert(1, "|" + "|".join(" --- " for _ in shown.columns) + "|")
-        return "\n".join(lines)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(shown.columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    )

@@ -15,8 +15,6 @@ and, for an unexpected error, its traceback (`OUT/logs/<run_id>.txt`) are writte
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +25,11 @@ import pandas as pd
 from perfed_ray import config as configuration
 from perfed_ray import timeline
 from perfed_ray.display import ProgressDisplay, SummaryTable
-from perfed_ray.errors import ConfigError
-from perfed_ray.lifecycle import LOGS, RunLife, new_run_id
+from perfed_ray.lifecycle import RunLife, new_run_id
+from perfed_ray.results.layout import check_out
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
-
-REPORT = "report"  # `perfed-ray report`'s default folder, under the results folder
 
 
 @dataclass(frozen=True)
@@ -45,7 +41,7 @@ class RunResult:
 
     def table(self, name: str) -> pd.DataFrame:
         """One of the run's tables: runs, rounds, evals, events or actors."""
-        from perfed_ray.analysis import read_table
+        from perfed_ray.results.reader import read_table
 
         return read_table(self.out, name, self.run_id)
 
@@ -61,48 +57,6 @@ class RunResult:
         from perfed_ray.runtime.checkpoint import RunStore
 
         return RunStore(self.out, self.run_id).folder
-
-
-def _not_creatable(out: Path) -> int | None:
-    """The errno that making folder `out` would meet, None if it exists or can be made."""
-    nearest = next(p for p in (out, *out.parents) if p.exists())
-    if nearest == out:
-        return None if out.is_dir() else errno.EEXIST
-    if not nearest.is_dir():
-        return errno.ENOTDIR
-    return None if os.access(nearest, os.W_OK | os.X_OK) else errno.EACCES
-
-
-def check_out(out: Path) -> None:
-    """A results folder must be creatable, writable, and empty or perfed-ray's own:
-    runs are added to it side by side, but never mixed into someone else's files. It is
-    only checked here, not made: the run makes it when it writes, so input found bad
-    later (the data) leaves no empty folder behind."""
-    problem = _not_creatable(out)
-    if problem is not None:
-        raise ConfigError(
-            f"--out {str(out)!r} cannot be created ({os.strerror(problem)}): choose a "
-            f"writable folder"
-        )
-    if not out.exists():
-        return
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--out {str(out)!r} is not writable: choose a writable folder")
-    from perfed_ray.results.writer import TABLES
-    from perfed_ray.runtime.checkpoint import FOLDER
-    from perfed_ray.sweep import SWEEPS
-
-    ours = {*TABLES, FOLDER, SWEEPS, LOGS, REPORT, "README.md"}  # notes beside them are fine
-    foreign = sorted(
-        p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")
-    )
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ConfigError(
-            f"--out {str(out)!r} is not empty and not a perfed-ray results "
-            f"folder (it holds {shown}): choose an empty or new folder, or an "
-            f"existing results folder"
-        )
 
 
 def to_config(
@@ -184,10 +138,12 @@ def _run(
     placement_group: PlacementGroup | None,
     command: str | None,
 ) -> None:
-    """The claimed run, from its data to its end."""
+    """The claimed run, from its data to its end: prepared, placed, its actors and
+    rounds run, and ended (its runs row says how: `life.running`)."""
     import ray
 
-    from perfed_ray.runtime import chatter, connect, local_ray, simulation  # after validation
+    from perfed_ray.results.writer import RunWriter  # pyarrow: after validation
+    from perfed_ray.runtime import chatter, connect, local_ray, simulation
 
     if not verbose:
         chatter.hide()
@@ -208,6 +164,7 @@ def _run(
         announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
     if progress is True:
         progress = ProgressDisplay()
-    simulation.run(
-        prepared, life.out, progress or None, group=placement_group, command=command, life=life
-    )
+    placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
+    writer = RunWriter(life.out, life.run_id, placed.cfg)
+    with life.running(writer, placed.row(life.checkpoint)) as row:
+        simulation.run(placed, life.store, writer, row, life.checkpoint, progress or None)

@@ -11,7 +11,6 @@ stopped for any reason, SIGKILL included, continues with ``--resume``.
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import signal
 import sys
@@ -20,12 +19,11 @@ import warnings
 from pathlib import Path
 from typing import NoReturn
 
-from perfed_ray import __version__, timeline
+from perfed_ray import __version__, exiting, timeline
 from perfed_ray import config as configuration
-from perfed_ray.api import REPORT
 from perfed_ray.display import duration
 from perfed_ray.errors import ConfigError, InputError, UnreadableFile
-from perfed_ray.lifecycle import LOGS
+from perfed_ray.results.layout import REPORT, traceback_log
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -108,7 +106,7 @@ def _ended(err: BaseException, shown: dict[str, str]) -> int:
             file=sys.stderr,
         )
     else:
-        log = Path(out) / LOGS / f"{run_id}.txt"
+        log = traceback_log(out, run_id)
         kept = f"traceback in {log}; " if log.exists() else ""
         print(
             f"\nerror: run {run_id} failed: {type(err).__name__}: {err}\n  {marked}; "
@@ -192,7 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _print_table(table, markdown: bool) -> None:
-    from perfed_ray.analysis import format_summary
+    from perfed_ray.display import format_summary
 
     print(format_summary(table, markdown=markdown))
 
@@ -348,16 +346,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The `perfed-ray` command: :func:`main`, then, once every exit hook has run (Ray
-    stopped, temporary folders removed) and the output is flushed, an exit that skips
-    the interpreter's teardown of torch's thousands of modules, about a second that a
-    finished command has no use for."""
+    """The `perfed-ray` command: :func:`main`, then an exit that runs every exit hook
+    (Ray stopped, temporary folders removed, output flushed) but skips the interpreter's
+    teardown (:mod:`perfed_ray.exiting`)."""
     status = main()
-    atexit._run_exitfuncs()  # the exit hooks (logging's flush too), now, not at teardown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    timeline.mark("exit")
-    os._exit(status)
+    exiting.arm(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from perfed_ray.algorithms.base import Algorithm, ModelOps
+from perfed_ray.algorithms.base import Algorithm, ModelOps, make_algorithm
 from perfed_ray.algorithms.tree import Params
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import Shard
 from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
@@ -26,7 +26,6 @@ from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import one_by_one, per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.models import FlatParams, activation_bytes, params_of
-from perfed_ray.registry import ALGORITHMS
 from perfed_ray.seeding import Stream, torch_generator
 from perfed_ray.states import StateStore
 
@@ -61,7 +60,7 @@ class Learner:
         self.augment = augment
         self.model = model
         self.shards = shards
-        self.algorithm: Algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
+        self.algorithm: Algorithm = make_algorithm(cfg)
         self.engine = make_engine(cfg.engine, self.algorithm, model, bool(cfg.compile))
         self.ops = FunctionalOps(model)
         self.device = next(model.parameters()).device

@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError, first_line
-from perfed_ray.results.writer import TABLES, check_rows
+from perfed_ray.results.layout import CHECKPOINTS, RUNS, TABLES, run_folder, traceback_log
+from perfed_ray.results.reader import read_table
+from perfed_ray.results.writer import check_rows
 from perfed_ray.runtime.checkpoint import SAFE_ID, Checkpoint, RunRecord, RunStore, locate
 from perfed_ray.runtime.lock import Busy, RunLock
 
 if TYPE_CHECKING:
     from perfed_ray.results.writer import RunWriter
 
-LOGS = "logs"  # tracebacks of failed runs, under the results folder
 EXIT_CODES = {"finished": 0, "stopped": 0, "diverged": 1, "failed": 1, "interrupted": 130}
 
 
@@ -64,9 +65,7 @@ def new_run_id(algorithm: str) -> str:
 
 def recorded(out: Path, run_id: str) -> tuple[str | None, str | None]:
     """The status and error the runs table holds for a run; (None, None) without a row."""
-    from perfed_ray.analysis import read_table
-
-    runs = read_table(out, "runs", run_id)
+    runs = read_table(out, RUNS, run_id)
     if runs.empty:
         return None, None
     return runs["status"].iloc[0], runs["error"].iloc[0]
@@ -229,7 +228,7 @@ class RunLife:
             raise failure or self.unwritten
 
     def _keep_traceback(self, err: BaseException) -> None:
-        log = self.out / LOGS / f"{self.run_id}.txt"
+        log = traceback_log(self.out, self.run_id)
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text("".join(traceback.format_exception(err)))
@@ -242,12 +241,12 @@ class RunLife:
         never_started = not self.store.started
         self.lock.release(remove=never_started)
         if never_started:
-            tables = [self.out / t / f"run_id={self.run_id}" for t in TABLES]
+            tables = [run_folder(self.out, t, self.run_id) for t in TABLES]
             for folder in [self.store.folder, *tables]:
                 for empty in (folder, folder.parent):  # the run's, then the table's
                     if empty.is_dir() and not any(empty.iterdir()):
                         empty.rmdir()
-            for empty in (self.out / "checkpoints", self.out):
+            for empty in (self.out / CHECKPOINTS, self.out):
                 if self.made_out and empty.is_dir() and not any(empty.iterdir()):
                     empty.rmdir()
 

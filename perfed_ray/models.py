@@ -19,7 +19,7 @@ from perfed_ray.algorithms.tree import Params, eager_plain
 from perfed_ray.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
+    from perfed_ray.config.schema import RunConfig
     from perfed_ray.data import ShardSource
 
 

@@ -1,9 +1,21 @@
-"""The server's policy (in the spirit of Flower's `Strategy`): which users a round
-samples, how their models are weighted in the aggregate, and which users an
-evaluation scores. A researcher changes the policy by subclassing
+"""The server's side of a round, as one value: which users a round samples, which of
+them report, how each one's model is weighted, how their weighted sum becomes the next
+global model (the method's own server rule, then the server optimiser's step), and
+which users an evaluation scores. A researcher changes any of it by subclassing
 :class:`Strategy` and naming the class in the configuration (`strategy:
-mypkg.policies:Mine`); the coordinator keeps the transport (object store,
-`ray.wait`, the actors, checkpoints, rows).
+mypkg.policies:Mine`); the round's order (:mod:`perfed_ray.runtime.rounds`) asks the
+strategy and nothing else, and the coordinator keeps the transport.
+
+The hooks follow Flower's ``Strategy`` (flwr/server/strategy/strategy.py): `plan` is
+its ``configure_fit``, `aggregate` its ``aggregate_fit``, `evaluated` its
+``configure_evaluate``. The server's state is explicit, as in FedJAX's
+``FederatedAlgorithm`` (fedjax/core/federated_algorithm.py, fedjax/algorithms/
+fed_avg.py): `init` makes the :class:`ServerState` before round 1 and `aggregate`
+returns the next one, which the checkpoint saves and restores whole. Two
+post-processing steps are where clipping and noise plug in (pfl-research's
+postprocessors; Flower's differential-privacy wrappers): one on each reporting user's
+model, on the actor (`postprocess_users`), one on the aggregate, on the driver
+(`postprocess_aggregate`).
 
 Every draw comes from a stream keyed by the round (:mod:`perfed_ray.seeding`), so a
 resumed or replayed round samples the same users.
@@ -11,12 +23,34 @@ resumed or replayed round samples the same users.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
+from perfed_ray.algorithms.base import Algorithm, make_algorithm
+from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
+from perfed_ray.models import FlatParams
+from perfed_ray.optimizers.server import ServerOptimizer
+from perfed_ray.postprocess import UserPostprocessor
+from perfed_ray.registry import SERVER_OPTIMIZERS
 from perfed_ray.seeding import Stream, numpy_rng
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """Everything the server keeps from one round to the next, and all a checkpoint
+    needs of it: the global model w_k as the flat float32 vector that travels, the
+    server optimiser's state (FedAdam's moments; empty for `mean`), and whatever else a
+    strategy keeps (`extra`, arrays by name: a subclass's own, saved alike). A step
+    returns a new state rather than changing this one."""
+
+    weights: np.ndarray
+    optimizer: Mapping[str, np.ndarray] = field(default_factory=dict)
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
@@ -34,8 +68,21 @@ class Participation:
     late: list[int]
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """Round k's users: those `sampled`, who of them report (the only ones the sum
+    counts), drop out or come too late, and those who train (the reporting ones, or
+    every user that is not unseen with `trained_users: all`)."""
+
+    sampled: list[int]
+    reporting: list[int]
+    dropped: list[int]
+    late: list[int]
+    trained: list[int]
+
+
 class Strategy:
-    """Algorithm 1's policy: m = round(r n) users without replacement, uniformly
+    """Algorithm 1's server: m = round(r n) users without replacement, uniformly
     (`sampling: uniform`) or in proportion to their training samples (`sampling:
     samples`, as Ditto's and FedProx's authors draw them: numpy's `choice` with p the
     users' shares of all samples), aggregated by their plain mean (`aggregation: mean`)
@@ -43,14 +90,23 @@ class Strategy:
     train, or every user does (`trained_users: all`); every user evaluated, or a
     sample of them (`eval_users`). Registered as `uniform`.
 
-    `sizes` are the users' training-sample counts, known on the driver (needed for
-    `sampling: samples` alone)."""
+    The next model is the method's own server rule (`Algorithm.server_update`) applied
+    to the reporting users' weighted mean, then the server optimiser's step towards it
+    (`server_optimizer`). `sizes` are the users' training-sample counts, known on the
+    driver (needed for `sampling: samples` alone)."""
 
     def __init__(self, cfg: RunConfig, sizes: np.ndarray | None = None) -> None:
         self.cfg = cfg
         self.sizes = sizes
         self._unseen = self._draw_unseen()
         self._seen = np.setdiff1d(np.arange(cfg.n_users), self._unseen)
+
+    def plan(self, round_: int) -> RoundPlan:
+        """Round k's users: sampled, then who of them report, then who trains."""
+        users = self.sample(round_)
+        who = self.participation(round_, users)
+        trained = self.trained(round_, who.reporting)
+        return RoundPlan(users, who.reporting, who.dropped, who.late, trained)
 
     def sample(self, round_: int) -> list[int]:
         """The users round k aggregates: never an unseen one."""
@@ -116,3 +172,66 @@ class Strategy:
             return list(range(cfg.n_users))
         rng = numpy_rng(cfg.seed, Stream.EVALUATED_USERS, round_)
         return sorted(int(u) for u in rng.choice(cfg.n_users, size=m, replace=False))
+
+    # -- the server's step -------------------------------------------------------------
+    @cached_property
+    def algorithm(self) -> Algorithm:
+        """The method whose server rule the step applies (built on first use: an actor's
+        strategy only weighs its users)."""
+        return make_algorithm(self.cfg)
+
+    @cached_property
+    def optimizer(self) -> ServerOptimizer:
+        """The server optimiser (`server_optimizer`), whose state `ServerState` holds."""
+        return SERVER_OPTIMIZERS.load(self.cfg.server_optimizer)(self.cfg)
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the global model stays w_0 for good (the method's `fixed_server`): no
+        round then waits for the one before it."""
+        return self.algorithm.fixed_server
+
+    def init(self, template: Params) -> ServerState:
+        """The state before round 1, from w_0 as a parameter tree. It also fixes how the
+        flat vector reads as that tree for the method's server rule, so a sitting calls
+        it once before its first `aggregate`, a resumed one too (whose checkpoint's
+        state then replaces the result)."""
+        self.layout = FlatParams(template)
+        weights = self.layout.flatten(template)
+        return ServerState(weights, self.optimizer.init(weights))
+
+    def aggregate(
+        self, round_: int, state: ServerState, total: np.ndarray, weight: float
+    ) -> ServerState:
+        """The state after round k from the state before it and the weighted sum
+        `total` of the reporting users' models (their weights add up to `weight`):
+        w_{k+1} from their mean, post-processed, through the method's server rule and
+        the server optimiser's step."""
+        mean = self.postprocess_aggregate(round_, state, (total / weight).astype(np.float32))
+        target = self.server_rule(state.weights, mean)
+        new, moments = self.optimizer.step(state.weights, target, state.optimizer)
+        return dataclasses.replace(
+            state, weights=np.asarray(new, dtype=np.float32), optimizer=moments
+        )
+
+    def server_rule(self, weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
+        """The target the server optimiser moves w_k towards: the method's
+        `server_update` of the aggregate (Algorithm 1: the aggregate itself, with no
+        trip through the parameter tree; pFedMe mixes it with w_k)."""
+        if type(self.algorithm).server_update is Algorithm.server_update:
+            return aggregate
+        layout = self.layout
+        mixed = self.algorithm.server_update(layout.unflatten(weights), layout.unflatten(aggregate))
+        return layout.flatten(mixed)
+
+    def postprocess_users(self, round_: int, state: ServerState) -> UserPostprocessor | None:
+        """The step each actor applies to round k's reporting users' models before it
+        sums them (per-user clipping goes here), or None: the sum as it is, at no cost."""
+        return None
+
+    def postprocess_aggregate(
+        self, round_: int, state: ServerState, aggregate: np.ndarray
+    ) -> np.ndarray:
+        """Round k's weighted mean of the reporting users' models, on the driver, before
+        the server rule (noise on the aggregate goes here); as it is by default."""
+        return aggregate

@@ -76,8 +76,8 @@ DIVERGES = {
 def tiny_results(ray_session, tmp_path_factory):
     """A real results folder: TINY with FedAvg and HF for seeds 0 and 1, HF seed 0 with
     standardized inputs, and one run (DIVERGES) that diverges in round 2."""
+    from perfed_ray.api import simulate
     from perfed_ray.config import from_mapping
-    from perfed_ray.runtime import simulation
     from perfed_ray.runtime.rounds import Diverged
 
     out = tmp_path_factory.mktemp("tiny-results")
@@ -86,9 +86,9 @@ def tiny_results(ray_session, tmp_path_factory):
     ]
     configs.append({**TINY, "algorithm": "perfedavg-hf", "input_scale": "standardize"})
     for values in configs:
-        simulation.run(simulation.prepare(from_mapping(values)), out)
+        simulate(from_mapping(values), out, progress=False)
     with pytest.raises(Diverged):
-        simulation.run(simulation.prepare(from_mapping(DIVERGES)), out)
+        simulate(from_mapping(DIVERGES), out, progress=False)
     return out
 
 

@@ -178,17 +178,6 @@ def test_run_and_summary_through_the_cli(ray_session, tmp_path, capsys, monkeypa
     assert status == 2 and "does not exist" in stderr
 
 
-def test_readme_documents_every_key_and_its_quick_start_config_exists():
-    from perfed_ray.config import reference_text
-
-    repo = Path(__file__).resolve().parents[1]
-    readme = (repo / "README.md").read_text()
-    table = readme.split("<!-- keys:begin -->\n")[1].split("\n<!-- keys:end -->")[0]
-    assert table == reference_text(markdown=True), "regenerate: perfed-ray keys --markdown"
-    assert (repo / "experiments/configs/table1/mnist-tau10-alpha0.01.yaml").is_file()
-    assert "perfed-ray run experiments/configs/table1/mnist-tau10-alpha0.01.yaml" in readme
-
-
 def test_rays_worker_start_up_warnings_are_hidden_and_other_lines_kept(capsys):
     import ray._private.worker as ray_worker
 

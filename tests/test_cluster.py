@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from perfed_ray.api import simulate
 from perfed_ray.config import load
-from perfed_ray.runtime import simulation
 
 # A real two-node Ray cluster started and stopped per module: the full tier only.
 pytestmark = pytest.mark.slow
@@ -194,7 +194,7 @@ def test_a_sweep_on_the_cluster_places_each_trials_actors_and_matches_a_local_ru
 
 def _assert_same_as_local(out: Path, config: Path, local: Path) -> None:
     """The rows under `out` have the numbers of `config` run on the session's plain Ray."""
-    simulation.run(simulation.prepare(load(config)), local)
+    simulate(load(config), local, progress=False)
     for table, keys in (("rounds", ["round"]), ("evals", ["round", "user", "draw"])):
         on_cluster, on_local = (
             pd.read_parquet(folder / table).sort_values(keys).reset_index(drop=True)

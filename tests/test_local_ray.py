@@ -119,12 +119,20 @@ def test_the_command_stops_its_ray_before_its_quick_exit(tmp_path):
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def test_the_commands_quick_exit_still_runs_every_exit_hook_and_keeps_its_status(tmp_path):
-    mark = tmp_path / "hook-ran"
+def test_the_commands_quick_exit_runs_every_exit_hook_keeps_its_status_and_skips_teardown(
+    tmp_path,
+):
+    """An exit hook registered once the package is loaded (as Ray's, logging's and the
+    command's own are) runs; the status is the command's; the interpreter's teardown,
+    which would run the leftover object's finaliser, does not."""
+    hook, teardown = tmp_path / "hook-ran", tmp_path / "teardown-ran"
     driver = (
         "import atexit, sys\n"
-        f"atexit.register(lambda: open({str(mark)!r}, 'w').write('yes'))\n"
         "from perfed_ray.cli import entry\n"
+        f"atexit.register(lambda: open({str(hook)!r}, 'w').write('yes'))\n"
+        "class Left:\n"
+        f"    def __del__(self, open=open): open({str(teardown)!r}, 'w').write('yes')\n"
+        "left = Left()\n"
         "sys.argv = ['perfed-ray', 'run', '--set', 'rounds=0']\n"
         "entry()\n"
     )
@@ -132,4 +140,20 @@ def test_the_commands_quick_exit_still_runs_every_exit_hook_and_keeps_its_status
         [sys.executable, "-c", driver], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and "rounds = 0" in result.stderr, result.stderr
-    assert mark.read_text() == "yes"
+    assert hook.read_text() == "yes"
+    assert not teardown.exists()
+
+
+def test_importing_the_package_alone_exits_as_python_does(tmp_path):
+    """Unarmed (a notebook, `simulate`), the process tears down as usual: a finaliser runs."""
+    teardown = tmp_path / "teardown-ran"
+    driver = (
+        "import sys, perfed_ray\n"
+        "class Left:\n"
+        f"    def __del__(self, open=open): open({str(teardown)!r}, 'w').write('yes')\n"
+        "left = Left()\n"
+        "sys.exit(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", driver], capture_output=True, timeout=60)
+    assert result.returncode == 3
+    assert teardown.read_text() == "yes"

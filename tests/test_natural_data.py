@@ -194,7 +194,7 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("transport", ["object_store", "data_root"])
 def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path, transport):
     """The driver shares one copy, or each actor reads the folder itself."""
-    from perfed_ray.runtime import simulation
+    from perfed_ray.api import simulate
 
     users = {f"user{i}": (60 + 10 * i, 20) for i in range(4)}
     write_leaf(tmp_path / "leaf", users, features=16)
@@ -213,7 +213,7 @@ def test_a_simulation_on_a_leaf_folder(ray_session, tmp_path, transport):
             data_transport=transport,
         )
     )
-    simulation.run(simulation.prepare(cfg), tmp_path / "out")
+    simulate(cfg, tmp_path / "out", progress=False)
     runs = pd.read_parquet(tmp_path / "out" / "runs")
     assert runs["status"].tolist() == ["finished"] and runs["dataset"].tolist() == ["leaf"]
     final = pd.read_parquet(tmp_path / "out" / "evals").query("final").sort_values("user")

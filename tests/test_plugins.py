@@ -37,24 +37,24 @@ TINY = {
 }
 
 
-def readme_example() -> str:
-    """The module of the README's "Add your own algorithm", as printed there."""
-    readme = (REPO / "README.md").read_text()
-    return re.search(r"<!-- plugin:begin -->\n```python\n(.*?)```", readme, re.S).group(1)
+def guide_example() -> str:
+    """The module of the guide's "Adding a method", as printed there."""
+    guide = (REPO / "docs/guide/adding-a-method.md").read_text()
+    return re.search(r"<!-- plugin:begin -->\n```python\n(.*?)```", guide, re.S).group(1)
 
 
 @pytest.fixture
 def on_path(monkeypatch, tmp_path):
     """The driver imports the plug-ins from here; the actors only get them shipped."""
-    (tmp_path / "reptile_fl.py").write_text(readme_example())
+    (tmp_path / "reptile_fl.py").write_text(guide_example())
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(PLUGINS))
     return tmp_path
 
 
 @pytest.mark.slow
-def test_the_readme_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session, on_path):
-    assert len(readme_example().splitlines()) < 40
+def test_the_guide_example_is_short_and_runs_on_actors_with_fused_and_vmap(ray_session, on_path):
+    assert len(guide_example().splitlines()) < 40
     tables = {}
     for engine in ("fused", "vmap"):
         result = perfed_ray.simulate(

@@ -21,11 +21,10 @@ import pytest
 import yaml
 from conftest import run_cli
 
-import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
+from perfed_ray.api import simulate
 from perfed_ray.cli import main
 from perfed_ray.config import from_mapping
-from perfed_ray.runtime import simulation
 from perfed_ray.runtime.checkpoint import RunStore
 
 # Drop-outs and stragglers are on, so `events` has rows to compare too.
@@ -60,7 +59,7 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame], failures: bool = 
 def reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
     """The tables of the same run, never interrupted."""
     out = tmp_path_factory.mktemp("reference")
-    simulation.run(simulation.prepare(from_mapping(CONFIG)), out)
+    simulate(from_mapping(CONFIG), out, progress=False)
     return outcome(out)
 
 
@@ -117,7 +116,7 @@ def test_actor_killed_mid_round_is_replaced_with_identical_numbers(
     ray_session, reference, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("PERFED_FAULT", "actor@3")  # actor 0 SIGKILLs itself in round 3
-    simulation.run(simulation.prepare(from_mapping(CONFIG)), tmp_path)
+    simulate(from_mapping(CONFIG), tmp_path, progress=False)
     _assert_same(tmp_path, reference, failures=True)
     events = pd.read_parquet(tmp_path / "events")
     died = events[events["kind"] == "actor-died"]
@@ -142,7 +141,7 @@ def test_work_that_keeps_failing_stops_the_run_with_a_clear_message(
     monkeypatch.setenv("PERFED_FAULT", "actor-always@2")  # every incarnation dies in round 2
     cfg = from_mapping({**CONFIG, "actor_retries": 1, "dropout": 0.0, "stragglers": 0.0})
     with pytest.raises(WorkFailed, match=r"round 2: the actor hosting users 0, 1 died 2 times"):
-        simulation.run(simulation.prepare(cfg), tmp_path)
+        simulate(cfg, tmp_path, progress=False)
     runs = pd.read_parquet(tmp_path / "runs")
     assert runs[["status", "rounds_done"]].values.tolist() == [["failed", 1]]
     assert pd.read_parquet(tmp_path / "rounds")["round"].tolist() == [1]
@@ -182,7 +181,7 @@ def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_se
 
     values = {**CONFIG, "rounds": 300, "eval_every": 100, "checkpoint_every": 5}
     reference = tmp_path / "reference"
-    simulation.run(simulation.prepare(from_mapping(values)), reference)
+    simulate(from_mapping(values), reference, progress=False)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(values))
     out = tmp_path / "results"
@@ -203,5 +202,5 @@ def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_se
     runs = pd.read_parquet(out / "runs")
     assert runs["status"].tolist() == ["interrupted"] and runs["rounds_done"].iloc[0] < 300
     [run_dir] = (out / "checkpoints").iterdir()
-    perfed_ray.simulate(resume=run_dir)
+    simulate(resume=run_dir)
     _assert_same(out, outcome(reference))

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from perfed_ray.analysis import read_runs, read_table
+from perfed_ray.api import simulate
 from perfed_ray.config import FIELDS, from_mapping
-from perfed_ray.runtime import simulation
 
 TABLE1 = Path(__file__).resolve().parents[1] / "experiments" / "results" / "table1"
 ROUNDS = 20  # the first evaluation after round 0
@@ -56,7 +56,7 @@ def test_first_rounds_of_the_committed_table1_runs_are_reproduced(
         engine=engine,
         compile=False,
     )
-    simulation.run(simulation.prepare(from_mapping(values)), tmp_path)
+    simulate(from_mapping(values), tmp_path, progress=False)
 
     rounds = read_table(tmp_path, "rounds").sort_values("round")
     then = read_table(TABLE1, "rounds", run["run_id"]).sort_values("round").head(ROUNDS)

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import perfed_ray
+from perfed_ray.api import simulate
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.data.synthetic import synthetic_iid_user, synthetic_user
 from perfed_ray.runtime import simulation
+from perfed_ray.runtime.actors import actor_factory
 from perfed_ray.runtime.placement import plan, spread
 
 
@@ -98,7 +100,7 @@ def test_synthetic_run_generates_users_inside_actors(ray_session, tmp_path):
     )
     prepared = simulation.prepare(cfg)
     assert prepared.data is None  # nothing about the data on the driver
-    simulation.run(prepared, tmp_path)
+    simulate(prepared.cfg, tmp_path, progress=False)
     evals = pd.read_parquet(tmp_path / "evals")
     final = evals[evals["final"]].set_index("user")
     for u in (0, 17, 39):
@@ -133,7 +135,7 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
         }
     )
     prepared = simulation.prepare(cfg)
-    actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
+    actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
     weights = simulation.initial_weights(cfg, source)
     result = ray_session.get(actor.train.remote(weights, [0, 2, 3], 5, per_user=True))
@@ -169,7 +171,7 @@ def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(r
         }
     )
     prepared = simulation.prepare(cfg)
-    actor = simulation.actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
+    actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     weights = simulation.initial_weights(cfg, prepared.source([0]))
     result = ray_session.get(actor.train.remote(weights, [0, 1, 3], 1, per_user=True))
     ray_session.kill(actor)

@@ -5,6 +5,7 @@ per-user state dies, gives the rows of a run left alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
-from perfed_ray.server import Server
+from perfed_ray.strategy import ServerState, Strategy
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 W0 = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32)
@@ -32,12 +33,25 @@ AGGREGATES = [
 ]
 
 
-def _server(values) -> Server:
+class ServerSteps:
+    """A strategy's server step driven by hand from W0: its state after each round."""
+
+    def __init__(self, cfg, template) -> None:
+        self.strategy = Strategy(cfg)
+        self.state = dataclasses.replace(self.strategy.init(template), weights=W0)
+
+    def next_model(self, weights, total, weight_sum) -> np.ndarray:
+        state = dataclasses.replace(self.state, weights=weights)
+        self.state = self.strategy.aggregate(1, state, total, weight_sum)
+        return self.state.weights
+
+
+def _server(values) -> ServerSteps:
     cfg = from_mapping({"algorithm": "fedavg", **values})
-    return Server(cfg, {"w": torch.zeros(len(W0))})
+    return ServerSteps(cfg, {"w": torch.zeros(len(W0))})
 
 
-def _rounds(server: Server, aggregates=AGGREGATES) -> list[np.ndarray]:
+def _rounds(server: ServerSteps, aggregates=AGGREGATES) -> list[np.ndarray]:
     """The global model after each round, each aggregate reported as a sum over 2 users."""
     w, out = W0, []
     for a in aggregates:
@@ -94,15 +108,15 @@ def test_fedadam_first_round_by_hand_and_yogi_lowers_v_by_a_bounded_step():
     assert w[0] == pytest.approx(0.5 + 0.01 * 0.1 / (np.sqrt(v) + 1e-3), rel=1e-6)
     assert w[3] == 0.0
     expected_v = [v, 0.99e-6 + 0.01 * 0.04, 0.99e-6, 0.99e-6]
-    np.testing.assert_allclose(server.state["v"], expected_v, rtol=1e-5)
+    np.testing.assert_allclose(server.state.optimizer["v"], expected_v, rtol=1e-5)
     yogi = _server({"server_optimizer": "fedyogi"})
     [w] = _rounds(yogi, AGGREGATES[:1])
-    v1 = yogi.state["v"][0]
+    v1 = yogi.state.optimizer["v"][0]
     assert v1 == pytest.approx(1e-6 + 0.01)
     target = w + np.float32(0.05)
     yogi.next_model(w, target.astype(np.float64), 1.0)
     delta = np.float64(target[0]) - np.float64(w[0])  # 0.05 as float32 arithmetic has it
-    assert yogi.state["v"][0] == pytest.approx(v1 - 0.01 * delta**2, rel=1e-12)
+    assert yogi.state.optimizer["v"][0] == pytest.approx(v1 - 0.01 * delta**2, rel=1e-12)
 
 
 def test_the_target_is_the_methods_server_update_of_the_aggregate():
@@ -110,8 +124,8 @@ def test_the_target_is_the_methods_server_update_of_the_aggregate():
     then is that rule itself, and FedAdam's Delta is the mixed move."""
     mixed = {"algorithm": "pfedme", "pfedme": {"beta": 0.5}}
     template = {"w": torch.zeros(len(W0))}
-    plain = Server(from_mapping(mixed), template)
-    momentumless = Server(
+    plain = ServerSteps(from_mapping(mixed), template)
+    momentumless = ServerSteps(
         from_mapping({**mixed, "server_optimizer": "fedavgm", "fedavgm.momentum": 0.0}),
         template,
     )
@@ -119,9 +133,9 @@ def test_the_target_is_the_methods_server_update_of_the_aggregate():
     expected = W0 + 0.5 * (AGGREGATES[0] - W0)
     np.testing.assert_allclose(plain.next_model(W0, total, 1.0), expected, rtol=1e-6)
     np.testing.assert_allclose(momentumless.next_model(W0, total, 1.0), expected, rtol=1e-6)
-    adam = Server(from_mapping({**mixed, "server_optimizer": "fedadam"}), template)
+    adam = ServerSteps(from_mapping({**mixed, "server_optimizer": "fedadam"}), template)
     adam.next_model(W0, total, 1.0)
-    np.testing.assert_allclose(adam.state["m"], 0.1 * (expected - W0), rtol=1e-6)
+    np.testing.assert_allclose(adam.state.optimizer["m"], 0.1 * (expected - W0), rtol=1e-6)
 
 
 def test_a_users_own_server_optimiser_is_named_by_dotted_path(monkeypatch):
@@ -132,7 +146,7 @@ def test_a_users_own_server_optimiser_is_named_by_dotted_path(monkeypatch):
     for a, g in zip(AGGREGATES, got, strict=True):
         w = np.float32(w + 0.25 * (a - w))
         np.testing.assert_allclose(g, w, rtol=1e-6)
-    assert server.state["rounds"].tolist() == [3.0]
+    assert server.state.optimizer["rounds"].tolist() == [3.0]
     with pytest.raises(ConfigError, match=r"halfway.share = 2.0 is out of range"):
         from_mapping({"server_optimizer": "halfway:Halfway", "halfway.share": 2})
     with pytest.raises(ConfigError, match=r"not a subclass of perfed_ray.optimizers.server.Serv"):
@@ -143,19 +157,20 @@ def test_checkpoints_keep_the_server_state_and_older_ones_still_load(tmp_path):
     store = RunStore(tmp_path, "r")
     store.folder.mkdir(parents=True)
     state = {"m": np.arange(4.0), "v": np.full(4, 0.5)}
-    store.save(Checkpoint(3, W0, {"rounds": 3}, 1.0, None, {}, state))
+    store.save(Checkpoint(3, ServerState(W0, state), {"rounds": 3}, 1.0, None, {}))
     loaded = store.load()
-    assert set(loaded.server) == {"m", "v"}
+    assert set(loaded.server.optimizer) == {"m", "v"}
     for k, v in state.items():
-        np.testing.assert_array_equal(loaded.server[k], v)
-        assert loaded.server[k].dtype == np.float64
+        np.testing.assert_array_equal(loaded.server.optimizer[k], v)
+        assert loaded.server.optimizer[k].dtype == np.float64
+    np.testing.assert_array_equal(loaded.server.weights, W0)
 
     # A checkpoint from before server optimisers kept state: no server arrays.
     meta = '{"round": 3, "rows": {}, "wall_seconds": 1.0, "accuracy": null}'
     with open(store.folder / "checkpoint.npz", "wb") as file:
         np.savez(file, weights=W0, meta=np.array(meta))
     old = store.load()
-    assert old.server == {} and old.round == 3
+    assert old.server.optimizer == {} and old.round == 3
 
 
 RUN = {
@@ -196,13 +211,14 @@ def test_a_fedadam_run_killed_and_resumed_gives_the_same_rows(ray_session, tmp_p
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [run_dir] = (out / "checkpoints").iterdir()
     saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
-    assert saved.round == 3 and set(saved.server) == {"m", "v"}
+    assert saved.round == 3 and set(saved.server.optimizer) == {"m", "v"}
     # the moments saved are those of the same run's first 3 rounds, made whole
     short = perfed_ray.simulate({**RUN, "algorithm": "fedavg", "rounds": 3}, tmp_path / "short")
     after_3 = RunStore(tmp_path / "short", short.run_id).load()
-    assert after_3.round == 3 and np.abs(after_3.server["m"]).max() > 0
+    assert after_3.round == 3 and np.abs(after_3.server.optimizer["m"]).max() > 0
     for moment in ("m", "v"):
-        np.testing.assert_array_equal(saved.server[moment], after_3.server[moment])
+        got, expected = saved.server.optimizer[moment], after_3.server.optimizer[moment]
+        np.testing.assert_array_equal(got, expected)
     perfed_ray.simulate(resume=run_dir)  # in this process: only the kill needs its own
     _assert_same(out, outcome(reference))
 
@@ -233,4 +249,4 @@ def test_a_users_own_server_optimiser_runs_and_its_state_is_checkpointed(
     assert result.table("runs")["status"].tolist() == ["finished"]
     assert result.table("rounds")["halfway.share"].eq(0.25).all()  # its own column
     saved = RunStore(tmp_path, result.run_id).load()
-    assert saved.server["rounds"].tolist() == [3.0]
+    assert saved.server.optimizer["rounds"].tolist() == [3.0]

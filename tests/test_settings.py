@@ -3,8 +3,11 @@ like the core keys, stored as columns, listed by `perfed-ray keys`, sweepable.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from perfed_ray.algorithms import Algorithm
 from perfed_ray.config import ConfigError, from_mapping, load, reference
 from perfed_ray.registry import ALGORITHMS
 
@@ -134,3 +137,25 @@ def test_an_auto_setting_is_a_column_of_its_declared_type():
     assert cfg.to_dict()["apfl.alpha_lr"] is None
     assert from_mapping({"algorithm": "apfl", "apfl.alpha_lr": "beta"}) == cfg
     assert config_schema(cfg).field("apfl.alpha_lr").type == pa.float64()
+
+
+def test_a_component_receives_its_own_settings_and_the_core_keys_it_names():
+    cfg = from_mapping(
+        {"algorithm": "fedrep", "tau": 7, "fedrep": {"body_steps": 2}, "sgd": {"momentum": 0.5}}
+    )
+    fedrep = ALGORITHMS.load("fedrep")
+    hparams = fedrep.HParams.of(cfg)
+    assert (hparams.tau, hparams.local_epochs, hparams.beta) == (7, None, cfg.beta)
+    assert hparams.section == cfg.settings_of("algorithm")
+    assert hparams.optimizer.momentum == 0.5  # the client optimiser, made from its section
+    method = fedrep(hparams)
+    assert method.head_steps == 5 and method.hparams is hparams
+    from_run = fedrep(cfg)  # the run's configuration is read for the same record
+    assert from_run.hparams == dataclasses.replace(hparams, optimizer=from_run.optimizer)
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Sized(Algorithm.HParams):  # a user's method that reads one more core key
+        batch_size: int
+
+    assert Sized.of(cfg.replace(batch_size=16)).batch_size == 16
+    assert not hasattr(Sized.of(cfg), "n_users")

@@ -7,9 +7,10 @@ import pandas as pd
 import pytest
 
 from perfed_ray.analysis import final_accuracy, read_table
+from perfed_ray.api import simulate
 from perfed_ray.config import from_mapping
 from perfed_ray.models import build_model
-from perfed_ray.runtime import simulation
+from perfed_ray.runtime import execution, simulation
 from perfed_ray.runtime.placement import Placement, balanced, spread
 
 EASY = {
@@ -38,7 +39,7 @@ CONFIG_COLUMNS = [
 
 def _run(tmp_path, **values):
     cfg = from_mapping({**EASY, **values})
-    return simulation.run(simulation.prepare(cfg), tmp_path)
+    return simulate(cfg, tmp_path, progress=False).run_id
 
 
 def test_run_writes_all_three_tables_and_learns(ray_session, tmp_path):
@@ -143,7 +144,7 @@ def test_rounds_are_balanced_over_two_or_more_actors(ray_session):
 
     def resolved(n_actors: int, **values) -> bool | None:
         placement = Placement(spread(10, n_actors), 1.0, 0.0)
-        cfg = simulation.resolve_execution(from_mapping(values), model, placement, None)
+        cfg = execution.resolve_execution(from_mapping(values), model, placement, None)
         return cfg.balance_rounds
 
     assert resolved(2, algorithm="fedavg") is True
@@ -289,7 +290,7 @@ def test_real_mnist_with_actors_reading_the_data_root(ray_session, tmp_path):
     )
     prepared = simulation.prepare(cfg)
     assert prepared.cfg.paper_a == 196  # auto resolved and stored
-    simulation.run(prepared, tmp_path)
+    simulate(prepared.cfg, tmp_path, progress=False)
     evals = pd.read_parquet(tmp_path / "evals")
     assert len(evals) == 4 + 4 + 4 * 2
     assert evals.groupby("user")["n_test"].first().tolist() == [160, 160, 80, 80]

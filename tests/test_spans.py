@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from perfed_ray.analysis import read_table
+from perfed_ray.api import simulate
 from perfed_ray.config import from_mapping
-from perfed_ray.runtime import rounds, simulation
+from perfed_ray.runtime import rounds
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 LOCAL = {
@@ -32,7 +33,7 @@ EVAL_KEYS = ["round", "user", "draw", "acc_before", "acc_after", "loss_before", 
 
 
 def _run(out: Path, **values) -> tuple[pd.DataFrame, pd.DataFrame]:
-    simulation.run(simulation.prepare(from_mapping({**LOCAL, **values})), out)
+    simulate(from_mapping({**LOCAL, **values}), out, progress=False)
     evals = read_table(out, "evals").sort_values(["round", "user", "draw"], ignore_index=True)
     return read_table(out, "rounds"), evals
 

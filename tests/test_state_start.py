@@ -18,6 +18,7 @@ from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, initial_model, params_of
 from perfed_ray.runtime import simulation
+from perfed_ray.runtime.actors import actor_factory
 from perfed_ray.runtime.placement import Placement
 
 USERS = [0, 1, 2, 3]
@@ -125,7 +126,7 @@ def test_the_actor_makes_the_drivers_w0_from_the_seed(ray_session, name):
     prepared = _prepared(name, "initial", "fused")
     server = _global(prepared)
     flat = FlatParams(server)
-    actor = simulation.actor_factory(prepared, Placement([USERS], 1.0, 0.0))(0, 0)
+    actor = actor_factory(prepared, Placement([USERS], 1.0, 0.0))(0, 0)
     ray_session.get(actor.train.remote(flat.flatten(server), USERS, ROUND))
     vectors = ray_session.get(actor.user_states.remote())
     ray_session.kill(actor)

@@ -87,7 +87,7 @@ def main() -> None:
                     for mode in MODES:
                         if mode.startswith("ray "):
                             engine = "sequential" if mode == "ray loop" else None
-                            took, engines[mode] = on_ray(cfg, prepared, engine, False, args.rounds)
+                            took, engines[mode] = on_ray(cfg, engine, False, args.rounds)
                         else:
                             took = in_process(cfg, prepared, engines[mode], False, 1, args.rounds)
                         seconds[mode] += took

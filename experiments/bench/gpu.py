@@ -74,11 +74,11 @@ def mnist_rows(args: argparse.Namespace, device: str) -> list[dict]:
                 seconds = in_process(cfg, prepared, engine, False, 1, args.rounds, device)
                 rows.append(row(algorithm, IN_PROCESS[engine], cfg, seconds))
         cfg = prepared.cfg.replace(fraction=1.0)
-        seconds, _ = on_ray(cfg, prepared, "fused", False, args.rounds)
+        seconds, _ = on_ray(cfg, "fused", False, args.rounds)
         rows.append(row(algorithm, "ray fused, default placement", cfg, seconds))
         for actors in args.actors:
             share = {"num_gpus_per_actor": 1 / actors}
-            seconds, _ = on_ray(cfg, prepared, "fused", False, args.rounds, **share)
+            seconds, _ = on_ray(cfg, "fused", False, args.rounds, **share)
             rows.append(
                 row(algorithm, f"ray fused, {actors} actor{'s' * (actors > 1)} a GPU", cfg, seconds)
             )

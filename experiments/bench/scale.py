@@ -5,7 +5,7 @@
 
 For each n: Synthetic(1, 1) with 100 users per round (fraction = 100 / n),
 Per-FedAvg (HF), the MLP, batch 40, tau = 10, the default placement (one actor per core
-here), engine (fused) and `shard_cache_mb: 64` per actor (sized as the README says:
+here), engine (fused) and `shard_cache_mb: 64` per actor (sized as docs/guide/scale.md says:
 a round's users of an actor, with room to spare); then MNIST split by `dirichlet`
 (0.5) while its users still hold a batch each. Intermediate evaluations (rounds 0
 and rounds / 2) score `eval_users: 100` users; the final one scores everyone once

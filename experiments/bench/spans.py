@@ -44,7 +44,7 @@ def measure(algorithm: str, span_seconds: float | None, runs: int, sets: list[st
     default = rounds.SPAN_SECONDS
     rounds.SPAN_SECONDS = default if span_seconds is None else span_seconds
     try:
-        seconds, _ = on_ray(prepared.cfg, prepared, None, False, runs)
+        seconds, _ = on_ray(prepared.cfg, None, False, runs)
     finally:
         rounds.SPAN_SECONDS = default
     return float(np.median(seconds))

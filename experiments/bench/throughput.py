@@ -26,7 +26,7 @@ input-gradient matrix products; FedAvg takes one a step, FO two, HF four and exa
 Per-FedAvg four (its Hessian-vector product priced as two gradients). The peak is a
 1024 x 1024 float32 matrix product on one thread and on all threads.
 
-Unless --no-whole-runs: the README's quick start (1000 rounds of HF) timed from
+Unless --no-whole-runs: the first run of docs/index.md (1000 rounds of HF) timed from
 command to summary, and a whole 300-round run beside the single-thread loop doing the
 same 300 rounds of training, start-up and compilation included.
 
@@ -107,18 +107,17 @@ def in_process(
 
 
 def on_ray(
-    cfg, prepared, engine: str | None, compile_: bool, rounds: int, **changes
+    cfg, engine: str | None, compile_: bool, rounds: int, **changes
 ) -> tuple[list[float], str]:
     """Seconds per round of a perfed-ray run (default placement and balancing, or as
     `changes` to the configuration say), the first round dropped, and the engine it ran
     (`engine`, or what None, auto, resolved to)."""
-    from perfed_ray.analysis import read_table
+    from perfed_ray.api import simulate
+    from perfed_ray.results.reader import read_table
 
     run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1, **changes)
     with tempfile.TemporaryDirectory() as out:
-        simulation.run(
-            simulation.Prepared(run_cfg, prepared.data, prepared.users, prepared.scaling), out
-        )
+        simulate(run_cfg, out, progress=False)
         table, runs = read_table(out, "rounds"), read_table(out, "runs")
     return table.sort_values("round")["wall_seconds"].tolist()[1:], runs["engine"].iloc[0]
 
@@ -197,11 +196,11 @@ def main() -> None:
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
             elif mode.endswith("threads"):
                 seconds, _ = on_ray(
-                    cfg, prepared, engine, compile_, args.rounds, num_cpus_per_actor=float(cores)
+                    cfg, engine, compile_, args.rounds, num_cpus_per_actor=float(cores)
                 )
             else:
                 hosts = {"balance_rounds": False} if mode.endswith("hosts") else {}
-                seconds, _ = on_ray(cfg, prepared, engine, compile_, args.rounds, **hosts)
+                seconds, _ = on_ray(cfg, engine, compile_, args.rounds, **hosts)
             per_round = float(np.median(seconds))
             rate = steps / per_round
             rows.append(

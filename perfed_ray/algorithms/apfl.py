@@ -41,13 +41,16 @@ follow the paper:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import lerp, sgd, sub
 from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 class APFL(Algorithm):
@@ -69,8 +72,8 @@ class APFL(Algorithm):
         ),
     }
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
+        super().__init__(hparams)
         rate = self.settings["alpha_lr"]
         self.alpha_lr = self.beta if rate is None else rate
 

@@ -16,16 +16,19 @@ saved with every checkpoint, so a resumed run continues exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 import torch
 
 from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
-from perfed_ray.registry import CLIENT_OPTIMIZERS
+from perfed_ray.config.owners import HParams
+from perfed_ray.config.schema import RunConfig
+from perfed_ray.registry import ALGORITHMS, CLIENT_OPTIMIZERS
 from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
+    from perfed_ray.optimizers.client import ClientOptimizer
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, labels
 
@@ -59,12 +62,31 @@ class ModelOps(Protocol):
         along a leading axis): APFL's mixing weight's gradient."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmHParams(HParams):
+    """What every algorithm reads of a run: the step sizes alpha (of personalisation)
+    and beta (of the local steps), the client optimiser of its local steps, and its own
+    section (``self.settings``). A method that reads more core keys subclasses it as
+    its ``HParams`` (Per-FedAvg (HF): `delta`, `hf_delta`)."""
+
+    key: ClassVar[str] = "algorithm"
+    alpha: float
+    beta: float
+    optimizer: ClientOptimizer
+
+    @classmethod
+    def of(cls, cfg: RunConfig, **made: Any) -> Self:
+        """Also the client optimiser the run names, made from its own section."""
+        optimizer = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
+        return super().of(cfg, optimizer=optimizer, **made)
+
+
 class Algorithm:
     """A federated algorithm: FedAvg's shape unless a method overrides a part.
 
-    Constructed from the run's configuration (pure data), on the driver and on every
-    actor. `batches_per_step` independent batches are drawn for each local step from
-    the user's training shard, from the user's own random stream; `tau` steps make a
+    Made from its `HParams` (pure data), on the driver and on every actor.
+    `batches_per_step` independent batches are drawn for each local step from the
+    user's training shard, from the user's own random stream; `tau` steps make a
     round. `draws_per_step`, if larger, is how many the stream draws per step (the
     rest unused), so that methods compared on one seed see the same batches.
     `personalise_batches` fresh batches are drawn for each personalisation step.
@@ -92,19 +114,22 @@ class Algorithm:
     # driver checks each round that the model did not move.
     fixed_server: ClassVar[bool] = False
 
-    @classmethod
-    def validate(cls, cfg: RunConfig) -> None:
-        """Raise ConfigError for a configuration the method cannot run (its settings
-        against the core keys), when the configuration is read: before Ray starts."""
+    # What the method reads of a run; a method that reads more subclasses it.
+    HParams: ClassVar[type[AlgorithmHParams]] = AlgorithmHParams
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.alpha = cfg.alpha
-        self.beta = cfg.beta
-        self.settings: dict[str, Any] = cfg.settings_of("algorithm")
+    @classmethod
+    def validate(cls, hparams: AlgorithmHParams) -> None:
+        """Raise ConfigError for settings the method cannot run (its own against the
+        core keys it reads), when the configuration is read: before Ray starts."""
+
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
+        self.hparams = self.HParams.given(hparams)
+        self.alpha = self.hparams.alpha
+        self.beta = self.hparams.beta
+        self.settings: dict[str, Any] = self.hparams.section
         # The local steps' update rule for methods that use one (`client_optimizer`);
         # its state lives in the round's local state.
-        self.optimizer = CLIENT_OPTIMIZERS.load(cfg.client_optimizer)(cfg)
+        self.optimizer = self.hparams.optimizer
 
     # -- client side -------------------------------------------------------------------
     def init_user_state(self, start: Params) -> Params | None:
@@ -157,6 +182,20 @@ class Algorithm:
         """The next global model from the users' aggregated models (Algorithm 1: the
         aggregate itself)."""
         return aggregate
+
+
+def make_algorithm(cfg: RunConfig) -> Algorithm:
+    """The run's method, built from its configuration: the one way the learner, the
+    strategy and the engine measurement get it, so that a method's constructor sees
+    the same configuration everywhere."""
+    return ALGORITHMS.load(cfg.algorithm)(cfg)
+
+
+def keeps_user_state(algorithm: Algorithm, template: Params) -> bool:
+    """Whether the method's users keep per-user state on their actor: checkpoints then
+    fetch it, a dead actor means a roll-back rather than a replacement, and a user
+    trained on another actor (balanced rounds) takes its state there and back."""
+    return algorithm.init_user_state(template) is not None
 
 
 def concrete(flag: torch.Tensor) -> bool | None:

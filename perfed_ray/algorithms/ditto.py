@@ -36,11 +36,14 @@ they score pooled accuracy (correct answers over all users' test samples,
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 class Ditto(Algorithm):
@@ -60,8 +63,8 @@ class Ditto(Algorithm):
         ),
     }
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
+        super().__init__(hparams)
         self.lam = self.settings["lambda"]
         self.state_start = self.settings["personal_start"]
 

@@ -10,10 +10,14 @@ training shard; with `finetune_steps: 1` the method is the paper's "FedAvg + upd
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from perfed_ray.algorithms.base import AlgorithmHParams
 from perfed_ray.algorithms.fedavg import FedAvg
 from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 class FedAvgFT(FedAvg):
@@ -26,6 +30,6 @@ class FedAvgFT(FedAvg):
         ),
     }
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
+        super().__init__(hparams)
         self.personalise_batches = self.settings["finetune_steps"]

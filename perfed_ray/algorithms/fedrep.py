@@ -59,14 +59,18 @@ way (the engines' tests compare the two).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from perfed_ray.algorithms.base import Algorithm, concrete, grad_and_loss_of
+from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams, concrete, grad_and_loss_of
 from perfed_ray.algorithms.tree import Params, per_user, tree_map
 from perfed_ray.errors import ConfigError
 from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 def head_keys(params: Params) -> list[str]:
@@ -107,25 +111,32 @@ class FedRep(Algorithm):
         ),
     }
 
+    @dataclass(frozen=True, kw_only=True)
+    class HParams(AlgorithmHParams):
+        """Also the round's local work, which the head's and body's steps split."""
+
+        tau: int
+        local_epochs: int | None
+
     @classmethod
-    def validate(cls, cfg) -> None:
-        mine = cfg.settings_of("algorithm")
+    def validate(cls, hparams: FedRep.HParams) -> None:
+        mine, local_epochs = hparams.section, hparams.local_epochs
         epochs = mine["head_epochs"] + mine["body_epochs"]
-        if cfg.local_epochs is not None and epochs != cfg.local_epochs:
+        if local_epochs is not None and epochs != local_epochs:
             raise ConfigError(
-                f"local_epochs = {cfg.local_epochs} is not fedrep.head_epochs + "
+                f"local_epochs = {local_epochs} is not fedrep.head_epochs + "
                 f"fedrep.body_epochs = {epochs}: a round is the head's epochs then the body's"
             )
-        if cfg.local_epochs is None and mine["body_steps"] > cfg.tau:
+        if local_epochs is None and mine["body_steps"] > hparams.tau:
             raise ConfigError(
-                f"fedrep.body_steps = {mine['body_steps']} exceeds tau = {cfg.tau}: "
+                f"fedrep.body_steps = {mine['body_steps']} exceeds tau = {hparams.tau}: "
                 "a round has tau local steps, head steps first, then body steps"
             )
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: FedRep.HParams | RunConfig) -> None:
+        super().__init__(hparams)
         self.epochs_split = (self.settings["head_epochs"], self.settings["body_epochs"])
-        self.head_steps = cfg.tau - self.settings["body_steps"]
+        self.head_steps = self.hparams.tau - self.settings["body_steps"]
         self.state_start = self.settings["head_start"]
 
     def init_user_state(self, start):

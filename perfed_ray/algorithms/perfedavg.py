@@ -10,10 +10,16 @@ variants replace its Hessian-vector product as in Section 5 and Appendix H.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import sgd, tree_map
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 class PerFedAvgFO(Algorithm):
@@ -50,10 +56,17 @@ class PerFedAvgHF(PerFedAvgFO):
     difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta),
     delta as :meth:`difference_step` chooses it."""
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.delta = cfg.delta
-        self.normalized = cfg.hf_delta == "normalized"
+    @dataclass(frozen=True, kw_only=True)
+    class HParams(AlgorithmHParams):
+        """Also the difference step: its size and whether it scales with ||g||."""
+
+        delta: float
+        hf_delta: str
+
+    def __init__(self, hparams: PerFedAvgHF.HParams | RunConfig) -> None:
+        super().__init__(hparams)
+        self.delta = self.hparams.delta
+        self.normalized = self.hparams.hf_delta == "normalized"
 
     def difference_step(self, ops, g):
         """HF's delta: fixed (the paper's text), or delta / ||g||, so w moves by a fixed

@@ -28,11 +28,14 @@ personalised model's accuracy at the final round (`perfed_ray.analysis` computes
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from perfed_ray.algorithms.base import Algorithm
+from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import lerp, sgd, tree_map
 from perfed_ray.settings import Setting
+
+if TYPE_CHECKING:
+    from perfed_ray.config.schema import RunConfig
 
 
 class PFedMe(Algorithm):
@@ -68,8 +71,8 @@ class PFedMe(Algorithm):
         ),
     }
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
+        super().__init__(hparams)
         self.lam = self.settings["lambda"]
         self.inner_steps = self.settings["steps"]
         self.inner_lr = self.settings["personal_lr"]

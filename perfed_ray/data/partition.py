@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.data.datasets import DataArrays, DataError, paper_a
 from perfed_ray.seeding import Stream, numpy_rng
 

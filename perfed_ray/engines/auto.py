@@ -38,15 +38,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from perfed_ray.algorithms.base import make_algorithm
 from perfed_ray.algorithms.tree import tree_map
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.dropout import index, random_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import Engine, stack
 from perfed_ray.engines.grouped import grouped_chain
 from perfed_ray.engines.stacked import chain_of
 from perfed_ray.models import params_of
-from perfed_ray.registry import ALGORITHMS
 
 CACHE_ENV = "PERFED_ENGINE_CACHE"
 BUDGET = 1.5  # seconds a measurement takes, unless one turn of the engines takes longer
@@ -149,7 +149,7 @@ def measure(
     depends on shapes, not values."""
     device = torch.device(work.device)
     model = copy.deepcopy(model).to(device)
-    algorithm = ALGORITHMS.load(cfg.algorithm)(cfg)
+    algorithm = make_algorithm(cfg)
     server = params_of(model)
     users = min(work.users, most)
     shape = (users, measured_steps(cfg), algorithm.batches_per_step, cfg.batch_size)

@@ -13,15 +13,23 @@ Plain SGD with no momentum and no weight decay keeps no state and is exactly
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
+from perfed_ray.config.owners import HParams
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.settings import Setting
 
-if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
+
+@dataclass(frozen=True, kw_only=True)
+class ClientOptimizerHParams(HParams):
+    """What a client optimiser reads of a run: its own section alone; the step size is
+    the method's, given at every step."""
+
+    key: ClassVar[str] = "client_optimizer"
 
 
 class ClientOptimizer:
@@ -30,10 +38,11 @@ class ClientOptimizer:
     your own; its `settings` become the section of that name."""
 
     settings: ClassVar[dict[str, Setting]] = {}
+    HParams: ClassVar[type[ClientOptimizerHParams]] = ClientOptimizerHParams
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.options: dict[str, Any] = cfg.settings_of("client_optimizer")
+    def __init__(self, hparams: ClientOptimizerHParams | RunConfig) -> None:
+        self.hparams = self.HParams.given(hparams)
+        self.options: dict[str, Any] = self.hparams.section
 
     def init(self, params: Params) -> Params:
         """The state before the first step ({} for a stateless rule)."""
@@ -69,8 +78,8 @@ class SGD(ClientOptimizer):
         ),
     }
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
+    def __init__(self, hparams: ClientOptimizerHParams | RunConfig) -> None:
+        super().__init__(hparams)
         self.momentum = self.options["momentum"]
         self.weight_decay = self.options["weight_decay"]
         self.nesterov = self.options["nesterov"]

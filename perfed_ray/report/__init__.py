@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfed_ray.analysis import format_summary, read_table, summary
-from perfed_ray.config import FIELDS
+from perfed_ray.analysis import summary
+from perfed_ray.config.schema import FIELDS
+from perfed_ray.display import format_summary
 from perfed_ray.errors import InputError
+from perfed_ray.markdown import table
 from perfed_ray.paper import ROW_KEYS, TABLE1, describe
 from perfed_ray.report.cells import (
     METHODS,
@@ -33,6 +35,8 @@ from perfed_ray.report.cells import (
     run_results,
 )
 from perfed_ray.report.curves import plot, run_curves
+from perfed_ray.results.layout import EVALS, ROUNDS
+from perfed_ray.results.reader import read_table
 
 PROTOCOL_SCALE = FIELDS["input_scale"].default
 
@@ -147,17 +151,12 @@ def table1_markdown(runs: pd.DataFrame) -> str:
             + section[len("other: ") :]
             + (" (LEAKS TEST LABELS)" if "adapt_on = test" in section else ""),
         )
-        lines += [
-            f"## {title}",
-            "",
-            "| row | " + " | ".join(methods) + " |",
-            "| --- |" + " --- |" * len(methods),
-        ]
+        rows = []
         for row in _section_rows(section, runs):
             texts = [_cell(by_cell, row, m).text(_paper(row[0], row, m)) for m in methods]
             where = " (protocol)" if section == "study" and row[5] == PROTOCOL_SCALE else ""
-            lines.append(f"| {_label(row)}{where} | " + " | ".join(texts) + " |")
-        lines.append("")
+            rows.append([f"{_label(row)}{where}", *texts])
+        lines += [f"## {title}", "", table(["row", *methods], rows), ""]
     lines += [
         "Learning curves: `curves/`; per-group accuracies: `groups.md`; every run: `runs.md`.",
         "",
@@ -176,21 +175,17 @@ def groups_markdown(runs: pd.DataFrame) -> str:
         "class of 5-9 (docs/PROTOCOL.md). Unweighted means over the users of the group, then "
         "over finished seeds.",
         "",
-        "| section | row | method | seeds | A before | A after | B before | B after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     columns = [f"{m}_{g}" for g in ("A", "B") for m in ("acc_before", "acc_after")]
+    rows = []
     for key, frame in done.groupby([*TABLE_KEYS, "method"], sort=True):
         values = [
             f"{100 * frame[c].mean():.2f}" if c in frame and frame[c].notna().any() else "-"
             for c in columns
         ]
-        lines.append(
-            f"| {key[0]} | {_label(key[:-1])} | {key[-1]} | {len(frame)} | "
-            + " | ".join(values)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+        rows.append([f"{key[0]}", _label(key[:-1]), f"{key[-1]}", f"{len(frame)}", *values])
+    header = ["section", "row", "method", "seeds", "A before", "A after", "B before", "B after"]
+    return "\n".join([*lines, table(header, rows)]) + "\n"
 
 
 def write_curves(out: Path, runs: pd.DataFrame, dest: Path) -> list[Path]:
@@ -198,7 +193,7 @@ def write_curves(out: Path, runs: pd.DataFrame, dest: Path) -> list[Path]:
     done = finished(runs)
     if done.empty:
         return []
-    curves = run_curves(read_table(out, "evals"), read_table(out, "rounds"))
+    curves = run_curves(read_table(out, EVALS), read_table(out, ROUNDS))
     paths = []
     for row, frame in done.groupby(TABLE_KEYS, sort=True):
         by_method = {

@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfed_ray.analysis import final_accuracy, mean_ci95, per_draw_accuracy, read_runs, read_table
-from perfed_ray.config import FIELDS
+from perfed_ray.analysis import final_accuracy, mean_ci95, per_draw_accuracy
+from perfed_ray.config.schema import FIELDS
 from perfed_ray.data.datasets import paper_a
 from perfed_ray.paper import ROW_KEYS
+from perfed_ray.results.layout import EVALS
+from perfed_ray.results.reader import read_runs, read_table
 
 # Keys that change how a run is executed, never its numbers.
 MECHANICS = frozenset(
@@ -89,7 +91,7 @@ def run_results(out: str | Path) -> pd.DataFrame:
         return runs
     runs["section"] = runs.apply(section_of, axis=1)
     runs["method"] = runs.apply(method_of, axis=1)
-    evals = read_table(out, "evals")
+    evals = read_table(out, EVALS)
     if evals.empty:
         return runs.assign(accuracy=np.nan, draws=None)
     accuracy = final_accuracy(evals)[["run_id", "accuracy"]]

@@ -17,11 +17,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfed_ray.analysis import mean_ci95, read_runs, read_table
-from perfed_ray.config import CORE, FIELDS, SECTIONED, section_name, spec
+from perfed_ray.analysis import mean_ci95
+from perfed_ray.config.schema import CORE, FIELDS, spec
+from perfed_ray.config.sections import section_name
 from perfed_ray.errors import InputError
-from perfed_ray.registry import ALGORITHMS
+from perfed_ray.markdown import table
+from perfed_ray.registry import ALGORITHMS, SECTIONED
 from perfed_ray.report.cells import MECHANICS
+from perfed_ray.results.layout import EVALS, REPORT
+from perfed_ray.results.reader import read_runs, read_table
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
 # How a method is trained, besides its own section's settings (its local work, who
@@ -135,7 +139,7 @@ def _usual(values: pd.Series) -> object | None:
 def per_run(out: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
     """One row per finished run and user group (seen/unseen): the mean accuracy after
     each personalisation step at the final evaluation."""
-    evals = read_table(out, "evals")
+    evals = read_table(out, EVALS)
     if evals.empty:
         raise InputError(f"{out} holds no evaluations")
     final = evals[evals["final"]]
@@ -227,8 +231,7 @@ def comparison_markdown(out: str | Path) -> str:
             f"{'unseen' if u else 'seen'}, {k} step{'s' if k != 1 else ''}" for u, k in columns
         ]
         extra = ["published"] if published else []
-        lines.append("| method | " + " | ".join(header + extra) + " | seeds |")
-        lines.append("|" + " --- |" * (len(header) + len(extra) + 2))
+        rows = []
         ran = set(runs.loc[runs["setting"] == setting, "method"])
         for method in _order(set(frame["method"]) | ran):
             texts = []
@@ -256,14 +259,14 @@ def comparison_markdown(out: str | Path) -> str:
             mine = runs[(runs["setting"] == setting) & (runs["method"] == method)]
             off = mine[mine["status"] != "finished"]["status"].value_counts()
             note = "".join(f", {n} {s}" for s, n in off.items())
-            lines.append(f"| {method} | " + " | ".join(texts) + f" | {seeds}{note} |")
-        lines.append("")
+            rows.append([f"{method}", *texts, f"{seeds}{note}"])
+        lines += [table(["method", *header, *extra, "seeds"], rows), ""]
     return "\n".join(lines)
 
 
 def write_comparison(out: str | Path, dest: str | Path | None = None) -> Path:
     """Write `comparison.md` into `dest` (default OUT/report) and return its path."""
-    dest = Path(dest) if dest is not None else Path(out) / "report"
+    dest = Path(dest) if dest is not None else Path(out) / REPORT
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / "comparison.md"
     path.write_text(comparison_markdown(out))

@@ -17,13 +17,14 @@ import ray
 import torch
 
 from perfed_ray import faults
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.data.augment import augmentation
 from perfed_ray.data.cache import ShardCache
 from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, initial_model, params_of
+from perfed_ray.postprocess import UserPostprocessor
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.runtime.environment import Components, adopt
 
@@ -113,10 +114,12 @@ class UserActor:
         per_user: bool = False,
         aggregated: list[int] | None = None,
         guests: list[ray.ObjectRef] | None = None,
+        postprocess: UserPostprocessor | None = None,
     ) -> UpdateSum:
         """Local updates of the given users from the global weights, weighted and summed
         over the `aggregated` ones (all of them unless given: with `trained_users: all`
-        every user trains, its state moves on, and only the sampled ones are summed).
+        every user trains, its state moves on, and only the sampled ones are summed),
+        each of their models through the strategy's `postprocess` first, if it gave one.
         `guests`: the states of the users among them that other actors host (balanced
         rounds), as their hosts handed them over; their new states are sent back."""
         clock = time.perf_counter()
@@ -127,19 +130,23 @@ class UserActor:
             visiting = dict.fromkeys((u for u in users if u not in store), None)
             for handed in ray.get(guests):
                 visiting.update(handed)
-        return self._round(start, users, round_, per_user, aggregated, visiting, clock)
+        return self._round(start, users, round_, per_user, aggregated, visiting, clock, postprocess)
 
     def train_rounds(
-        self, weights: np.ndarray, rounds: list[tuple[int, list[int], list[int] | None]]
+        self,
+        weights: np.ndarray,
+        rounds: list[tuple[int, list[int], list[int] | None, UserPostprocessor | None]],
     ) -> list[UpdateSum]:
         """Several rounds in one call, for a method whose server's model never moves
-        (`fixed_server`): (round, users, aggregated) each, as `train` takes them, in
-        order, every one from the same weights; one sum a round."""
+        (`fixed_server`): (round, users, aggregated, postprocess) each, as `train` takes
+        them, in order, every one from the same weights; one sum a round."""
         clock = time.perf_counter()
         start = self.flat.unflatten(weights, self.device)
         sums = []
-        for round_, users, aggregated in rounds:
-            sums.append(self._round(start, users, round_, False, aggregated, None, clock))
+        for round_, users, aggregated, postprocess in rounds:
+            sums.append(
+                self._round(start, users, round_, False, aggregated, None, clock, postprocess)
+            )
             clock = time.perf_counter()
         return sums
 
@@ -152,6 +159,7 @@ class UserActor:
         aggregated: list[int] | None,
         visiting: dict[int, np.ndarray | None] | None,
         clock: float,
+        postprocess: UserPostprocessor | None = None,
     ) -> UpdateSum:
         """One round's local work of `users` from the server's model `start`, summed."""
         if self.actor == 0:
@@ -166,6 +174,8 @@ class UserActor:
             keep = torch.tensor([u in summed for u in users], device=self.device)
             models, losses = {k: v[keep] for k, v in models.items()}, losses[keep]
             users = [u for u in users if u in summed]
+        if postprocess is not None:
+            models = postprocess(start, models)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
         if all(w == 1.0 for w in weights_):

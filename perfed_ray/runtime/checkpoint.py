@@ -5,9 +5,11 @@ Under ``<out>/checkpoints/run_id=<id>/``:
 - ``run.json``, written at the start of every sitting: the resolved configuration, the
   users' placement on actors, when the run started and how often it was resumed;
 - ``checkpoint.npz``, rewritten every ``checkpoint_every`` rounds and at the end: the
-  round k, the global model w_k, the server optimiser's state (FedAdam's moments), every
-  user's per-user state (for methods that keep one), how many rows of each table
-  belong to rounds up to k, the wall time spent so far and the last evaluated accuracy.
+  round k, the server's whole state (:class:`~perfed_ray.strategy.ServerState`: the
+  global model w_k, the server optimiser's state such as FedAdam's moments, and a
+  strategy's own arrays), every user's per-user state (for methods that keep one),
+  how many rows of each table belong to rounds up to k, the wall time spent so far
+  and the last evaluated accuracy.
 
 No random generator state is saved because the run has none that evolves: every
 draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
@@ -29,11 +31,15 @@ import numpy as np
 
 from perfed_ray import faults
 from perfed_ray.errors import ConfigError, first_line
+from perfed_ray.results.layout import CHECKPOINTS
 from perfed_ray.results.writer import write_atomically
+from perfed_ray.strategy import ServerState
 
-FOLDER = "checkpoints"
 _RUN_ID = re.compile(r"run_id=(.+)")
 SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
+# Prefixes of the server state's named arrays in checkpoint.npz: the optimiser's (absent
+# in checkpoints of runs before server optimisers kept state) and a strategy's own.
+SERVER, EXTRA = "server.", "strategy."
 
 
 @dataclass(frozen=True)
@@ -54,16 +60,19 @@ class Checkpoint:
     """The state after round `round`: everything the remaining rounds depend on."""
 
     round: int
-    weights: np.ndarray
+    server: ServerState
     rows: dict[str, int]  # rows written per result table
     wall_seconds: float
     accuracy: tuple[int, float] | None
     states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
-    server: dict[str, np.ndarray] = field(default_factory=dict)  # the server optimiser's
 
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
         """The per-user states of the given users (those that have one)."""
         return {u: self.states[u] for u in users if u in self.states}
+
+
+def _arrays(saved: np.lib.npyio.NpzFile, prefix: str) -> dict[str, np.ndarray]:
+    return {k.removeprefix(prefix): saved[k] for k in saved.files if k.startswith(prefix)}
 
 
 def damaged(path: Path, err: BaseException) -> ConfigError:
@@ -90,7 +99,7 @@ class RunStore:
     RECORD = "run.json"  # a run exists, and can be resumed, once this is written
 
     def __init__(self, out: Path, run_id: str) -> None:
-        self.folder = Path(out) / FOLDER / f"run_id={run_id}"
+        self.folder = Path(out) / CHECKPOINTS / f"run_id={run_id}"
 
     @property
     def started(self) -> bool:
@@ -134,14 +143,16 @@ class RunStore:
                 if users
                 else np.zeros((0, 0), np.float32)
             )
+            server = checkpoint.server
             with open(tmp, "wb") as file:  # a file object: np.savez would add ".npz"
                 np.savez(
                     file,
-                    weights=checkpoint.weights,
+                    weights=server.weights,
                     meta=np.array(meta),
                     state_users=np.array(users, dtype=np.int64),
                     states=states,
-                    **{f"server.{k}": v for k, v in checkpoint.server.items()},
+                    **{f"{SERVER}{k}": v for k, v in server.optimizer.items()},
+                    **{f"{EXTRA}{k}": v for k, v in server.extra.items()},
                 )
 
         write_atomically(
@@ -169,12 +180,11 @@ class RunStore:
                 accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
                 return Checkpoint(
                     meta["round"],
-                    saved["weights"],
+                    ServerState(saved["weights"], _arrays(saved, SERVER), _arrays(saved, EXTRA)),
                     meta["rows"],
                     meta["wall_seconds"],
                     accuracy,
                     {int(u): stacked[i] for i, u in enumerate(users)},
-                    {k[7:]: saved[k] for k in saved.files if k.startswith("server.")},
                 )
         except ConfigError:
             raise

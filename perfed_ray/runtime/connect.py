@@ -28,8 +28,9 @@ from urllib.parse import urlsplit
 import ray
 from ray.exceptions import AuthenticationError
 
-import perfed_ray
 from perfed_ray.errors import InputError
+
+PACKAGE = Path(__file__).parents[1]  # perfed_ray/, shipped to the cluster's workers
 
 # Three attempts, not Ray's twenty: once the TCP check has found the GCS listening,
 # more attempts cannot fix a refused token, they only delay the message.
@@ -48,7 +49,7 @@ def runtime_env(modules: list[str] = ()) -> dict[str, object]:
     """What every worker of the run needs besides the node's Python: this package, and
     the user's own modules (:func:`perfed_ray.runtime.environment.plugin_modules`)."""
     return {
-        "py_modules": [str(Path(perfed_ray.__file__).parent), *modules],
+        "py_modules": [str(PACKAGE), *modules],
         "excludes": ["__pycache__", "*.pyc"],
     }
 

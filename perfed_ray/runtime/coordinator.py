@@ -2,8 +2,9 @@
 out to the actors that host the users, gather and add up what comes back.
 
 It sees users only as ids hosted by actors and models only as flat weight vectors. It
-does not decide who takes part (the strategy), what the server does with the sum
-(:class:`~perfed_ray.server.Server`), when rows and checkpoints are written
+does not decide who takes part or what the server does with the sum (the strategy,
+which says so by value: the lists of users, and the step each actor applies to its
+users' models before summing them), when rows and checkpoints are written
 (:class:`~perfed_ray.runtime.rounds.Rounds`), or how a dead actor is replaced (the
 pool): it is the one place the rounds touch Ray.
 """
@@ -23,7 +24,8 @@ from perfed_ray.errors import first_line
 from perfed_ray.runtime.placement import balanced, host_finder, hosted
 from perfed_ray.runtime.pool import ActorPool, StateLost
 
-if TYPE_CHECKING:  # an actor's answer; the actor module loads torch
+if TYPE_CHECKING:  # an actor's answer and what it applies; both modules load torch
+    from perfed_ray.postprocess import UserPostprocessor
     from perfed_ray.runtime.actor import UpdateSum
 
 
@@ -52,6 +54,14 @@ class Sums:
 
 
 Work = Callable[[int], float]  # a user's share of a round's local work (its steps)
+# A round of a span: (round, reporting, trained, the step on each user's model).
+RoundWork = tuple[int, list[int], list[int], "UserPostprocessor | None"]
+
+
+def _summed(reporting: list[int], trained: list[int]) -> set[int] | None:
+    """The users an actor's sum counts among those it trains: all (None) when the two
+    lists are the same users, else the reporting ones (every user trains each round)."""
+    return None if reporting == trained else set(reporting)
 
 
 class Coordinator:
@@ -116,14 +126,19 @@ class Coordinator:
             self.returning[home.remote({u: states[u] for u in us}, round_)] = h
 
     def train(
-        self, round_: int, weights: np.ndarray, reporting: list[int], trained: list[int]
+        self,
+        round_: int,
+        weights: np.ndarray,
+        reporting: list[int],
+        trained: list[int],
+        postprocess: UserPostprocessor | None = None,
     ) -> Sums:
         """Local training of round k from `weights` by the `trained` users; the sum counts
-        the `reporting` ones (the same list, unless every user trains each round)."""
+        the `reporting` ones, each user's model through `postprocess` first (if any)."""
         ref = ray.put(weights)
         by_actor = self._by_actor(trained, self.work)
         visits = self._visits(round_, by_actor) if self.states and self.balance else {}
-        summed = None if trained is reporting else set(reporting)  # else every user trains
+        summed = _summed(reporting, trained)
         calls = {
             a: (
                 ref,
@@ -132,6 +147,7 @@ class Coordinator:
                 False,
                 None if summed is None else [u for u in us if u in summed],
                 visits.get(a),
+                postprocess,
             )
             for a, us in by_actor.items()
         }
@@ -144,29 +160,28 @@ class Coordinator:
                 self._send_home(round_, part.guests)
         return sums
 
-    def train_rounds(
-        self, weights: np.ndarray, rounds: list[tuple[int, list[int], list[int]]]
-    ) -> list[Sums]:
-        """Several rounds' local work, (round, reporting, trained) each as `train` takes
-        them, all from the same `weights` (a server's model that never moves), in one
-        call to each actor: a Sums a round. Users stay on their hosts: over several
-        rounds an actor's share of the work evens out, and no state has to travel."""
+    def train_rounds(self, weights: np.ndarray, rounds: list[RoundWork]) -> list[Sums]:
+        """Several rounds' local work, (round, reporting, trained, postprocess) each as
+        `train` takes them, all from the same `weights` (a server's model that never
+        moves), in one call to each actor: a Sums a round. Users stay on their hosts:
+        over several rounds an actor's share of the work evens out, and no state has
+        to travel."""
         first = rounds[0][0]
         self._settle(first)
         ref = ray.put(weights)
-        plans: dict[int, list[tuple[int, list[int], list[int] | None]]] = {}
-        for round_, reporting, trained in rounds:
-            summed = None if trained is reporting else set(reporting)
+        plans: dict[int, list[tuple]] = {}
+        for round_, reporting, trained, postprocess in rounds:
+            summed = _summed(reporting, trained)
             for a, us in hosted(trained, self.host_of).items():
                 aggregated = None if summed is None else [u for u in us if u in summed]
-                plans.setdefault(a, []).append((round_, us, aggregated))
-        sums = {r: Sums(np.zeros(weights.shape, dtype=np.float64)) for r, _, _ in rounds}
+                plans.setdefault(a, []).append((round_, us, aggregated, postprocess))
+        sums = {r: Sums(np.zeros(weights.shape, dtype=np.float64)) for r, *_ in rounds}
         sums[first].bytes_sent = weights.nbytes * len(plans)  # sent once, for them all
         calls = {a: (ref, plan) for a, plan in plans.items()}
         for a, parts in self.pool.gather(first, "train_rounds", calls, last=rounds[-1][0]):
-            for (round_, us, _), part in zip(plans[a], parts, strict=True):
+            for (round_, us, *_), part in zip(plans[a], parts, strict=True):
                 sums[round_].add(part, us)
-        return [sums[r] for r, _, _ in rounds]
+        return [sums[r] for r, *_ in rounds]
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
         """The users' personalised scores from `weights`, each computed on the actor that
@@ -178,7 +193,10 @@ class Coordinator:
         return pa.concat_tables([scores[a] for a in sorted(scores)])
 
     def user_states(self, round_: int) -> dict:
-        """Every user's per-user state, fetched from the actors that keep it."""
+        """Every user's per-user state, fetched from the actors that keep it (none, and
+        no call, for a method whose users keep none)."""
+        if not self.states:
+            return {}
         self._settle(round_)
         states: dict = {}
         for _, part in self.pool.gather(

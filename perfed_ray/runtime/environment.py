@@ -22,7 +22,7 @@ from typing import Any
 
 from ray import cloudpickle
 
-from perfed_ray.config import CORE, RunConfig
+from perfed_ray.config.schema import CORE, RunConfig
 from perfed_ray.registry import REGISTRIES, is_dotted
 
 Components = dict[str, Any]  # configuration key -> the component it names

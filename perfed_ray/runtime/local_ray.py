@@ -31,7 +31,7 @@ from collections.abc import Iterable
 import ray
 
 from perfed_ray import timeline
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.runtime.environment import plugin_modules
 
 # Ray's name for the autoscaler's monitor among its node's processes.

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perfed_ray.config import RunConfig
+from perfed_ray.config.schema import RunConfig
 
 
 @dataclass(frozen=True)

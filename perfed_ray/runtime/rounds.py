@@ -1,11 +1,12 @@
 """The rounds of Algorithm 1 on the driver: who takes part, the server's step, when
 to evaluate and checkpoint, and the rows that say what happened.
 
-Each concern has its own object and this loop only orders them: the strategy picks
-the users, the :class:`~perfed_ray.runtime.coordinator.Coordinator` carries the work
-to the actors and the sums back (the only Ray in a round), the
-:class:`~perfed_ray.server.Server` turns the sum into the next model, the writer and
-the store keep rows and checkpoints. Fault injection sits with the transport (the
+Each concern has its own object and this loop only orders them: the
+:class:`~perfed_ray.strategy.Strategy` makes every server-side decision (the users,
+the step on each user's model, the next :class:`~perfed_ray.strategy.ServerState`),
+the :class:`~perfed_ray.runtime.coordinator.Coordinator` carries the work to the
+actors and the sums back (the only Ray in a round), the writer and the store keep
+rows and checkpoints. Fault injection sits with the transport (the
 pool, where calls are in flight) and with the files (writer, store), not here.
 """
 
@@ -22,8 +23,7 @@ import pyarrow as pa
 from perfed_ray.config import RunConfig
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
-from perfed_ray.server import Server
-from perfed_ray.strategy import Participation, Strategy
+from perfed_ray.strategy import RoundPlan, ServerState, Strategy
 
 if TYPE_CHECKING:  # the transport is given, not made here: this module loads no Ray
     from perfed_ray.runtime.coordinator import Coordinator, Sums
@@ -81,16 +81,15 @@ class Progress:
 
 
 class Rounds:
-    """The rounds of one simulation, from round 0 or from a checkpoint, writing rows and
-    checkpoints as it goes."""
+    """The rounds of one simulation, from round 0 (the strategy's `initial` state) or
+    from a checkpoint (its state), writing rows and checkpoints as it goes."""
 
     def __init__(
         self,
         cfg: RunConfig,
         coordinator: Coordinator,
-        weights: np.ndarray,
         strategy: Strategy,
-        server: Server,
+        initial: ServerState,
         writer: RunWriter,
         store: RunStore,
         on_progress: Callable[[Progress], None] | None = None,
@@ -100,13 +99,10 @@ class Rounds:
         self.cfg = cfg
         self.coordinator = coordinator
         self.strategy = strategy
-        self.server = server
         self.writer = writer
         self.store = store
         self.on_progress = on_progress
-        self.weights = weights  # w_0, or the checkpoint's w_k when resuming
-        if resume_from is not None:  # the server optimiser's state of that round too
-            server.state = dict(resume_from.server)
+        self.state = resume_from.server if resume_from else initial
         self.rounds_done = resume_from.round if resume_from else 0
         self.last_accuracy = resume_from.accuracy if resume_from else None
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
@@ -114,41 +110,30 @@ class Rounds:
         self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
         self.span_length = 1  # rounds a call (fixed_server), measured as the run goes
 
-    def _plan(self, round_: int) -> tuple[list[int], Participation, list[int]]:
-        """Round k's sampled users, who of them report (dropouts and stragglers go to the
-        events table) and who trains."""
-        users = self.strategy.sample(round_)
-        who = self.strategy.participation(round_, users)
-        for kind, gone in (("dropout", who.dropped), ("straggler", who.late)):
+    def _plan(self, round_: int) -> RoundPlan:
+        """Round k's users as the strategy plans them; dropouts and stragglers go to the
+        events table."""
+        plan = self.strategy.plan(round_)
+        for kind, gone in (("dropout", plan.dropped), ("straggler", plan.late)):
             if gone:
                 self.writer.add(
                     "events",
                     [{"round": round_, "kind": kind, "actor": None, "users": gone, "detail": None}],
                 )
-        return users, who, self.strategy.trained(round_, who.reporting)
+        return plan
 
-    def _row(
-        self,
-        round_: int,
-        users: list[int],
-        who: Participation,
-        sums: Sums,
-        start: float,
-        train: float,
-    ) -> dict:
-        """w_{k+1} from the (weighted) mean of the reporting users' w_{k+1,tau}, and round
+    def _row(self, round_: int, plan: RoundPlan, sums: Sums, start: float, train: float) -> dict:
+        """The strategy's state after round k from the reporting users' sum, and round
         k's row: `start` is when its clock started, `train` its seconds out to the
         actors and back."""
         if sums.diverged:
             raise Diverged(round_, sorted(sums.diverged))
-        n = len(who.reporting)
+        n = len(plan.reporting)
         gathered = time.perf_counter()
         if n:
-            before, self.weights = (
-                self.weights,
-                self.server.next_model(self.weights, sums.total, sums.weight),
-            )
-            if self.server.fixed and not np.array_equal(before, self.weights):
+            before = self.state.weights
+            self.state = self.strategy.aggregate(round_, self.state, sums.total, sums.weight)
+            if self.strategy.fixed and not np.array_equal(before, self.state.weights):
                 raise RuntimeError(
                     f"{self.cfg.algorithm} declares fixed_server, but its server's model "
                     f"moved in round {round_}"
@@ -156,8 +141,8 @@ class Rounds:
         ended = time.perf_counter()  # one reading, so that the parts fit inside the round
         return {
             "round": round_,
-            "users": users,
-            "n_sampled": len(users),
+            "users": plan.sampled,
+            "n_sampled": len(plan.sampled),
             "n_reported": n,
             "train_loss": sums.loss_sum / n if n else float("nan"),
             "wall_seconds": ended - start,
@@ -173,35 +158,41 @@ class Rounds:
     def run_round(self, round_: int) -> dict:
         """One round k: its users' work in one call per actor, then the server's step."""
         start = time.perf_counter()
-        users, who, trained = self._plan(round_)
+        plan = self._plan(round_)
+        postprocess = self.strategy.postprocess_users(round_, self.state)
         sent = time.perf_counter()
-        sums = self.coordinator.train(round_, self.weights, who.reporting, trained)
-        return self._row(round_, users, who, sums, start, time.perf_counter() - sent)
+        sums = self.coordinator.train(
+            round_, self.state.weights, plan.reporting, plan.trained, postprocess
+        )
+        return self._row(round_, plan, sums, start, time.perf_counter() - sent)
 
     def run_span(self, span: list[int]) -> Iterator[dict]:
         """Rounds whose work went to each actor in one call (a server's model that never
         moves, `fixed_server`), each round's row as it would have been alone; the
         span's time is shared out evenly among its rounds."""
         start = time.perf_counter()
-        plans = [(r, *self._plan(r)) for r in span]
+        plans = [self._plan(r) for r in span]
+        work = [
+            (r, p.reporting, p.trained, self.strategy.postprocess_users(r, self.state))
+            for r, p in zip(span, plans, strict=True)
+        ]
         sent = time.perf_counter()
-        work = [(r, who.reporting, trained) for r, _, who, trained in plans]
-        all_sums = self.coordinator.train_rounds(self.weights, work)
+        all_sums = self.coordinator.train_rounds(self.state.weights, work)
         share, train = (time.perf_counter() - start) / len(span), (time.perf_counter() - sent)
-        for (r, users, who, _), sums in zip(plans, all_sums, strict=True):
-            row = self._row(r, users, who, sums, time.perf_counter(), train / len(span))
+        for r, plan, sums in zip(span, plans, all_sums, strict=True):
+            row = self._row(r, plan, sums, time.perf_counter(), train / len(span))
             yield {**row, "wall_seconds": share + row["wall_seconds"]}
 
     def _span(self, round_: int) -> list[int]:
         """The rounds that go in one call from round k: k alone, unless the server's model
         never moves."""
-        return span_of(self.cfg, round_, self.span_length) if self.server.fixed else [round_]
+        return span_of(self.cfg, round_, self.span_length) if self.strategy.fixed else [round_]
 
     def _resize(self, span: list[int], seconds: float) -> None:
         """The next span's length, from this one's rounds' seconds (evaluations and
         checkpoints aside): about SPAN_SECONDS (progress and Ctrl-C stay prompt), at
         most SPAN_BYTES of per-round sums."""
-        most = max(1, SPAN_BYTES // (8 * self.weights.size))
+        most = max(1, SPAN_BYTES // (8 * self.state.weights.size))
         per_round = max(seconds / len(span), 1e-9)
         self.span_length = max(1, min(most, int(SPAN_SECONDS / per_round)))
 
@@ -209,7 +200,7 @@ class Rounds:
         """The strategy's users' personalised scores as the columns of the evals table."""
         draws = self.cfg.final_eval_draws if final else 1
         users = self.strategy.evaluated(round_, final)
-        table = self.coordinator.evaluate(round_, self.weights, users, draws)
+        table = self.coordinator.evaluate(round_, self.state.weights, users, draws)
         n = table.num_rows
         unseen = np.isin(table["user"].to_numpy(), np.asarray(self.strategy.unseen()))
         table = table.append_column("round", pa.repeat(pa.scalar(round_, pa.int64()), n))
@@ -220,19 +211,17 @@ class Rounds:
 
     def checkpoint(self, round_: int) -> None:
         """Write the rows so far, then the state after round k that counts them: the
-        global model and every user's per-user state, fetched from the actors (for
-        methods that keep one: others cost no call)."""
+        server's whole state and every user's per-user state, fetched from the actors
+        (for methods that keep one: others cost no call)."""
         self.writer.flush()
-        states = self.coordinator.user_states(round_) if self.server.stateful else {}
         self.store.save(
             Checkpoint(
                 round_,
-                self.weights,
+                self.state,
                 dict(self.writer.rows),
                 self.wall_seconds(),
                 self.last_accuracy,
-                states,
-                dict(self.server.state),
+                self.coordinator.user_states(round_),
             )
         )
 
@@ -269,4 +258,4 @@ class Rounds:
                     rate = (round_ - first + 1) / max(time.perf_counter() - loop_start, 1e-9)
                     self.on_progress(Progress(round_, cfg.rounds, rate, acc, acc_round))
             self._resize(span, seconds)
-        return self.weights
+        return self.state.weights

@@ -1,33 +1,39 @@
-"""One simulation from configuration to Parquet: data, actors, rounds, results.
+"""One simulation from configuration to Parquet, in the order it happens:
 
-Everything that can fail because of the user's input (configuration, data
-root, partition) is checked in :func:`prepare`, before Ray starts.
+1. :func:`prepare`: the data set loaded and partitioned, so that everything that can
+   fail because of the user's input (configuration, data root, partition) fails
+   before Ray starts;
+2. :func:`place`: the users placed on actors over the cluster, and how the run
+   executes (engine, compilation, balancing) settled;
+3. :func:`run`: the actors started (:mod:`.actors`) and the rounds run
+   (:class:`~perfed_ray.runtime.rounds.Rounds`), back to the last checkpoint when an
+   actor dies holding users' state (:mod:`.rollbacks`).
+
+The run's claim, its runs row and how it ended are the caller's
+(:class:`~perfed_ray.lifecycle.RunLife`, through :func:`perfed_ray.simulate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import platform
 import socket
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-import perfed_ray
-from perfed_ray import faults, timeline
+from perfed_ray import timeline
+from perfed_ray.algorithms.base import keeps_user_state
 from perfed_ray.config import RunConfig
 from perfed_ray.data import (
     DataArrays,
@@ -43,17 +49,15 @@ from perfed_ray.data import (
 )
 from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.data.synthetic import train_size
-from perfed_ray.engines.auto import Workload, choose, known
 from perfed_ray.errors import ConfigError
-from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
-from perfed_ray.runtime import local_ray
-from perfed_ray.runtime.actor import UserActor, peak_memory_bytes
+from perfed_ray.runtime.actor import peak_memory_bytes
+from perfed_ray.runtime.actors import actor_factory
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
 from perfed_ray.runtime.coordinator import Coordinator
-from perfed_ray.runtime.environment import adopt, components
+from perfed_ray.runtime.execution import resolve_execution
 from perfed_ray.runtime.placement import (
     Placement,
     bundles,
@@ -62,9 +66,10 @@ from perfed_ray.runtime.placement import (
     unfit,
     with_resources,
 )
-from perfed_ray.runtime.pool import ActorFactory, ActorPool, StateLost
+from perfed_ray.runtime.pool import ActorPool, StateLost
+from perfed_ray.runtime.rollbacks import RollBacks
 from perfed_ray.runtime.rounds import Progress, Rounds
-from perfed_ray.server import Server
+from perfed_ray.version import __version__
 
 
 @dataclass(frozen=True)
@@ -125,34 +130,6 @@ def initial_weights(cfg: RunConfig, source: ShardSource) -> np.ndarray:
     return FlatParams(params).flatten(params)
 
 
-COMPILE_FROM = 200_000  # user-steps per actor from which compiling (10-20 s) pays on CPU
-
-
-def resolve_execution(
-    cfg: RunConfig,
-    model: torch.nn.Module,
-    placement: Placement,
-    source: ShardSource,
-    group: PlacementGroup | None = None,
-) -> RunConfig:
-    """`engine`, `compile` and `balance_rounds` made concrete, once, before any actor
-    starts, so the stored configuration says how the run was executed and a resumed
-    run and every actor (a replacement one too) use the same engine: engines differ in
-    their order of summation, and exact resumption needs the same one. The engine is
-    fused for the MLP, else the fastest measured for this workload on the actors'
-    device (:mod:`perfed_ray.engines.auto`); compiled when each actor has enough work
-    for compilation to pay for itself; rounds balanced over two or more actors (users'
-    per-user states travel with their work)."""
-    engine = cfg.engine or known(model) or _auto_engine(cfg, model, placement, source, group)
-    n_actors = len(placement.blocks)
-    compile_ = cfg.compile
-    if compile_ is None:
-        work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
-        compile_ = engine == "fused" and work >= COMPILE_FROM
-    balance = n_actors > 1 if cfg.balance_rounds is None else cfg.balance_rounds
-    return cfg.replace(engine=engine, compile=compile_, balance_rounds=balance)
-
-
 def round_work(prepared: Prepared) -> Callable[[int], float] | None:
     """A user's local steps in a round, as balanced rounds weigh it: the same for every
     user (None) with `tau` steps, its batches per epoch with `local_epochs`."""
@@ -163,100 +140,11 @@ def round_work(prepared: Prepared) -> Callable[[int], float] | None:
     return lambda user: float(batches[user])
 
 
-def _auto_engine(
-    cfg: RunConfig,
-    model: torch.nn.Module,
-    placement: Placement,
-    source: ShardSource,
-    group: PlacementGroup | None,
-) -> str:
-    """The engine `auto` stands for, measured where the actors will run: CPU actors on
-    the driver (same CPUs, the actors' thread count), GPU actors in a Ray task that
-    asks for one actor's resources (in the trial's group, where a sweep reserved them),
-    since the driver may have no GPU and the choice is the device's. The task runs
-    before the actors start, so their resources are free."""
-    trained = cfg.n_users if cfg.trained_users == "all" else cfg.users_per_round
-    work = Workload(
-        tuple(source.input_shape),
-        source.n_classes,
-        users=math.ceil(trained / len(placement.blocks)),
-        threads=max(1, int(placement.num_cpus)),
-        device="cpu",
-    )
-    if not placement.num_gpus:
-        return choose(cfg, model, work)
-    where = (
-        "DEFAULT"
-        if group is None
-        else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1)
-    )
-    task = ray.remote(_choose_on_gpu).options(
-        num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, scheduling_strategy=where
-    )
-    return ray.get(task.remote(cfg, model, work, components(cfg)))
-
-
-def _choose_on_gpu(cfg: RunConfig, model: torch.nn.Module, work: Workload, found) -> str:
-    """In a task holding an actor's GPU share: the choice on its device."""
-    adopt(cfg, found)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return choose(cfg, model, dataclasses.replace(work, device=device))
-
-
-def actor_factory(
-    prepared: Prepared,
-    placement: Placement,
-    checkpoint: Checkpoint | None = None,
-    group: PlacementGroup | None = None,
-) -> ActorFactory:
-    """How to start (or restart) actor i: its block's shards come from the data set,
-    put once in the object store and shared, or from the data root the actor reads;
-    its users' per-user states from the checkpoint the run continues from; the user's
-    own components (dotted paths in the configuration) resolved here. Actors are
-    spread over the cluster's nodes, or in a placement group, actor i takes bundle
-    i + 1 (bundle 0 is the driver's), so a replacement takes its predecessor's place."""
-    cfg = prepared.cfg
-    shared = prepared.data is not None and cfg.data_transport == "object_store"
-    data_ref = ray.put(prepared.data) if shared else None
-    found = components(cfg)
-    # Balanced rounds send any user to any actor: every actor gets every user's indices,
-    # made and stored once for all of them.
-    everyone = ray.put(prepared.source(range(cfg.n_users))) if cfg.balance_rounds else None
-
-    def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
-        block = placement.blocks[actor]
-        states = checkpoint.states_of(block) if checkpoint else None
-        where = (
-            "SPREAD"
-            if group is None
-            else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + actor)
-        )
-        return UserActor.options(
-            num_cpus=placement.num_cpus,
-            num_gpus=placement.num_gpus,
-            scheduling_strategy=where,
-            runtime_env=faults.actor_env(),
-        ).remote(
-            cfg,
-            block,
-            prepared.source(block) if everyone is None else everyone,
-            data_ref,
-            placement.num_cpus,
-            placement.num_gpus,
-            actor,
-            incarnation,
-            states,
-            found,
-        )
-
-    return start
-
-
 def _versions() -> dict[str, str]:
     return {
         "hostname": socket.gethostname(),
         "python_version": platform.python_version(),
-        "perfed_ray_version": perfed_ray.__version__,
+        "perfed_ray_version": __version__,
         "ray_version": ray.__version__,
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
@@ -294,67 +182,60 @@ def check_resources(cfg: RunConfig, blocks: list[range] | None = None) -> None:
         )
 
 
-class _RollBacks:
-    """How a run whose users keep per-user state goes on after an actor died with some
-    of those states: from the last checkpoint, its rows restored and the roll-back
-    recorded. An actor that dies in the same round more often than `retries` stops the
-    run instead (counted per round and actor, as the pool counts replacements)."""
+@dataclass(frozen=True)
+class Placed:
+    """A run placed on the cluster: its configuration with how it executes made
+    concrete, its users' blocks on actors and their resources, and its record."""
 
-    def __init__(self, retries: int, store: RunStore, writer: RunWriter) -> None:
-        self.retries, self.store, self.writer = retries, store, writer
-        self.deaths: Counter[tuple[int, int]] = Counter()
-        self.events: list[tuple[int, dict]] = []  # (checkpoint round restored, events row)
+    prepared: Prepared
+    placement: Placement
+    record: RunRecord
+    model: torch.nn.Module  # w_0 of a new run (a resumed one starts from its checkpoint)
+    group: PlacementGroup | None  # a sweep trial's: the actors take its bundles after the first
+    clock: float  # when the run's start-up began, for its startup_seconds
 
-    def restore(self, lost: StateLost) -> Checkpoint | None:
-        """The checkpoint to go on from after `lost` (None: from the start)."""
-        self.deaths[lost.round, lost.actor] += 1
-        if self.deaths[lost.round, lost.actor] > self.retries:
-            raise lost.failed(self.deaths[lost.round, lost.actor]) from None
-        checkpoint = self.store.load()
-        self.writer.resume(checkpoint.rows if checkpoint else {})
-        restored = checkpoint.round if checkpoint else 0
-        # Roll-backs to this same checkpoint were recorded after it was saved, so resuming
-        # the writer cut their rows: they are written again; rows of roll-backs to an
-        # older checkpoint are in it and stay as they are.
-        self.events = [(r, e) for r, e in self.events if r == restored]
-        self.events.append((restored, lost.event(restored)))
-        self.writer.add("events", [event for _, event in self.events])
-        return checkpoint
+    @property
+    def cfg(self) -> RunConfig:
+        return self.prepared.cfg
+
+    def row(self, checkpoint: Checkpoint | None) -> dict[str, Any]:
+        """The runs row as the run starts (the rest is measured as it goes)."""
+        return {
+            "started_at": datetime.fromisoformat(self.record.started_at),
+            "resumes": self.record.resumes,
+            "command": self.record.command,
+            "n_actors": len(self.placement.blocks),
+            "actor_cpus": self.placement.num_cpus,
+            "actor_gpus": self.placement.num_gpus,
+            "rounds_done": checkpoint.round if checkpoint else 0,
+            **_versions(),
+        }
 
 
-def run(
+def place(
     prepared: Prepared,
-    out: Path,
-    on_progress: Callable[[Progress], None] | None = None,
+    run_id: str,
+    resumed: RunRecord | None = None,
     group: PlacementGroup | None = None,
     command: str | None = None,
-    life: RunLife | None = None,
-) -> str:
-    """Run one simulation on the connected Ray cluster (a local one if none) as a new run
-    in `out`, or the run `life` claimed (new, or a stopped one to continue from its last
-    checkpoint); returns the run id. With `group` (a sweep trial's placement group), the
-    actors are sized by and placed in its bundles after the first. `command` is what
-    started the run, for its runs row (default: this process's command line). The runs
-    row says `finished` only if every round ran, and otherwise why it did not
-    (:class:`~perfed_ray.lifecycle.RunLife`)."""
-    if life is None:
-        with RunLife.new(out, new_run_id(prepared.cfg.algorithm)) as life:
-            return run(prepared, out, on_progress, group, command, life)
-    local_ray.start([prepared.cfg])
-    cfg = prepared.cfg
+) -> Placed:
+    """Place a new run's users on actors over the connected cluster's nodes (a sweep
+    trial's: on its `group`'s bundles) and settle how it executes; a run `resumed` from
+    its record keeps that record's blocks and configuration. `command` is what started
+    the run, for its runs row (default: this process's command line)."""
     clock = time.perf_counter()
+    cfg = prepared.cfg
     model = initial_model(cfg, prepared.source([]))
     nodes = _nodes() if group is None else group_share(group.bundle_specs)
-    checkpoint = life.checkpoint
-    if life.resumed:
-        record = dataclasses.replace(life.record, resumes=life.record.resumes + 1, driver=_driver())
+    if resumed is not None:
+        record = dataclasses.replace(resumed, resumes=resumed.resumes + 1, driver=_driver())
         placement = with_resources(cfg, nodes, record.blocks)
     else:
         placement = plan(cfg, nodes)
         cfg = resolve_execution(cfg, model, placement, prepared.source([]), group)
         prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(
-            life.run_id,
+            run_id,
             cfg.to_dict(),
             placement.blocks,
             datetime.now(UTC).isoformat(),
@@ -366,71 +247,71 @@ def run(
             f"the placement group holds {len(group.bundle_specs) - 1} actor bundles after "
             f"the driver's; the run needs {len(placement.blocks)} actors"
         )
-    writer = RunWriter(life.out, life.run_id, cfg)
-    row = {
-        "started_at": datetime.fromisoformat(record.started_at),
-        "resumes": record.resumes,
-        "command": record.command,
-        "n_actors": len(placement.blocks),
-        "actor_cpus": placement.num_cpus,
-        "actor_gpus": placement.num_gpus,
-        "rounds_done": checkpoint.round if checkpoint else 0,
-        **_versions(),
-    }
-    with life.running(writer, row) as row:
-        if life.resumed:
-            writer.resume(checkpoint.rows if checkpoint else {})
-        life.store.save_record(record)
-        template = params_of(model)
-        policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
-        # user's own Strategy written before sizes existed takes cfg alone
-        strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
-        server = Server(cfg, template)
-        rollbacks = _RollBacks(cfg.actor_retries, life.store, writer)
-        work = round_work(prepared) if cfg.balance_rounds else None
-        incarnations = None
-        pool = rounds = None
-        try:
-            while True:
-                pool = ActorPool(
-                    placement.blocks,
-                    actor_factory(prepared, placement, checkpoint, group),
-                    cfg.actor_retries,
-                    writer.add,
-                    replaceable=not server.stateful,
-                    incarnations=incarnations,
-                )
-                weights = (
-                    checkpoint.weights if checkpoint else FlatParams(template).flatten(template)
-                )
-                rounds = Rounds(
-                    cfg,
-                    Coordinator(pool, bool(cfg.balance_rounds), work, server.stateful),
-                    weights,
-                    strategy,
-                    server,
-                    writer,
-                    life.store,
-                    on_progress,
-                    checkpoint,
-                    clock,
-                )
-                try:
-                    timeline.mark("actors")
-                    pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
-                    row.setdefault("startup_seconds", time.perf_counter() - clock)
-                    timeline.mark("rounds")
-                    rounds.run()
-                    timeline.mark("finish")
-                    break
-                except StateLost as lost:
-                    checkpoint = rollbacks.restore(lost)
-                    pool.stop()
-                    incarnations = [i + 1 for i in pool.incarnations]  # all restarted
-            row.update(_peak_memory(pool))
-        finally:
-            if rounds is not None:
-                row.update(wall_seconds=rounds.wall_seconds(), rounds_done=rounds.rounds_done)
-            if pool is not None:
+    return Placed(prepared, placement, record, model, group, clock)
+
+
+def run(
+    placed: Placed,
+    store: RunStore,
+    writer: RunWriter,
+    row: dict[str, Any],
+    checkpoint: Checkpoint | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> None:
+    """Start the actors and run the rounds of a placed run (a stopped one from its
+    `checkpoint`), writing its rows with `writer` and its checkpoints into `store`, and
+    adding to its runs `row` what it measures. An actor that dies holding users' state
+    sends the run back to its last checkpoint (:class:`RollBacks`)."""
+    prepared, placement, group, cfg = placed.prepared, placed.placement, placed.group, placed.cfg
+    if placed.record.resumes:
+        writer.resume(checkpoint.rows if checkpoint else {})
+    store.save_record(placed.record)
+    template = params_of(placed.model)
+    policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
+    # user's own Strategy written before sizes existed takes cfg alone
+    strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
+    initial = strategy.init(template)
+    stateful = keeps_user_state(strategy.algorithm, template)
+    rollbacks = RollBacks(cfg.actor_retries, store, writer)
+    work = round_work(prepared) if cfg.balance_rounds else None
+    incarnations = None
+    pool = rounds = None
+    try:
+        while True:
+            pool = ActorPool(
+                placement.blocks,
+                actor_factory(prepared, placement, checkpoint, group),
+                cfg.actor_retries,
+                writer.add,
+                replaceable=not stateful,
+                incarnations=incarnations,
+            )
+            rounds = Rounds(
+                cfg,
+                Coordinator(pool, bool(cfg.balance_rounds), work, stateful),
+                strategy,
+                initial,
+                writer,
+                store,
+                on_progress,
+                checkpoint,
+                placed.clock,
+            )
+            try:
+                timeline.mark("actors")
+                pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
+                row.setdefault("startup_seconds", time.perf_counter() - placed.clock)
+                timeline.mark("rounds")
+                rounds.run()
+                timeline.mark("finish")
+                break
+            except StateLost as lost:
+                checkpoint = rollbacks.restore(lost)
                 pool.stop()
-    return life.run_id
+                incarnations = [i + 1 for i in pool.incarnations]  # all restarted
+        row.update(_peak_memory(pool))
+    finally:
+        if rounds is not None:
+            row.update(wall_seconds=rounds.wall_seconds(), rounds_done=rounds.rounds_done)
+        if pool is not None:
+            pool.stop()

@@ -9,9 +9,7 @@
 
 Every trial writes the same Parquet tables as `perfed-ray run` into the sweep's
 results folder, its run id the sweep's name and the trial's number; Tune's own
-state lives beside them in ``<out>/sweeps/<name>/``. Kept free of heavy imports:
-the names below are read by the results-folder check and the command line.
+state lives beside them in ``<out>/sweeps/<name>/``.
 """
 
-SWEEPS = "sweeps"  # Tune's state of each sweep, under the results folder
 ENDED = ("finished", "diverged", "stopped")  # a trial whose run ended so is not run again

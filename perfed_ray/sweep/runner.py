@@ -37,10 +37,10 @@ import pandas as pd
 import ray
 from ray import tune
 
-from perfed_ray.api import check_out
 from perfed_ray.errors import ConfigError, InputError, first_line
+from perfed_ray.results.layout import EVALS, SWEEPS, check_out
 from perfed_ray.results.writer import write_atomically
-from perfed_ray.sweep import ENDED, SWEEPS
+from perfed_ray.sweep import ENDED
 from perfed_ray.sweep.spec import Sweep
 
 STATE = "sweep.json"  # the sweep as given, beside Tune's state
@@ -323,7 +323,7 @@ def _scheduler(sweep: Sweep) -> tune.schedulers.TrialScheduler | None:
 
 def statuses(out: Path, sweep: Sweep) -> dict[str, str | None]:
     """Each trial's run status (None for a trial that never started)."""
-    from perfed_ray.analysis import read_runs
+    from perfed_ray.results.reader import read_runs
 
     runs = read_runs(out)
     known = dict(zip(runs["run_id"], runs["status"], strict=True)) if not runs.empty else {}
@@ -335,7 +335,8 @@ def best(out: Path, sweep: Sweep) -> pd.DataFrame:
     keys (the seed aside) whose finished runs have the highest final personalised
     accuracy on validation samples, averaged over seeds; with that accuracy, how many
     seeds it averages and their runs."""
-    from perfed_ray.analysis import final_accuracy, read_runs, read_table
+    from perfed_ray.analysis import final_accuracy
+    from perfed_ray.results.reader import read_runs, read_table
 
     per = list(sweep.search)
     picked = [k for k in sweep.varied if k not in per and k != "seed"]
@@ -344,7 +345,7 @@ def best(out: Path, sweep: Sweep) -> pd.DataFrame:
     runs = runs[runs["run_id"].isin(ids) & (runs["status"] == "finished")]
     if runs.empty:
         return pd.DataFrame(columns=[*per, *picked, "accuracy", "seeds", "runs"])
-    accuracy = final_accuracy(read_table(out, "evals"))[["run_id", "accuracy"]]
+    accuracy = final_accuracy(read_table(out, EVALS))[["run_id", "accuracy"]]
     table = runs[["run_id", *per, *picked]].merge(accuracy, on="run_id")
     means = (
         table.groupby([*per, *picked], dropna=False)

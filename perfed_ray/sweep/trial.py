@@ -160,7 +160,7 @@ class Trial(tune.Trainable):
     def _ended(self) -> dict[str, Any] | None:
         """The final result of this trial's run if it ended (finished, diverged, stopped),
         from its runs row and its last checkpoint's evaluation; else None."""
-        from perfed_ray.analysis import read_runs
+        from perfed_ray.results.reader import read_runs
         from perfed_ray.runtime.checkpoint import RunStore
 
         runs = read_runs(self.out, self.run_id)

@@ -1,0 +1,68 @@
+"""Starting the actors that host a run's users, where its placement puts them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from perfed_ray import faults
+from perfed_ray.runtime.actor import UserActor
+from perfed_ray.runtime.checkpoint import Checkpoint
+from perfed_ray.runtime.environment import components
+from perfed_ray.runtime.placement import Placement
+from perfed_ray.runtime.pool import ActorFactory
+
+if TYPE_CHECKING:
+    from perfed_ray.runtime.simulation import Prepared
+
+
+def actor_factory(
+    prepared: Prepared,
+    placement: Placement,
+    checkpoint: Checkpoint | None = None,
+    group: PlacementGroup | None = None,
+) -> ActorFactory:
+    """How to start (or restart) actor i: its block's shards come from the data set,
+    put once in the object store and shared, or from the data root the actor reads;
+    its users' per-user states from the checkpoint the run continues from; the user's
+    own components (dotted paths in the configuration) resolved here. Actors are
+    spread over the cluster's nodes, or in a placement group, actor i takes bundle
+    i + 1 (bundle 0 is the driver's), so a replacement takes its predecessor's place."""
+    cfg = prepared.cfg
+    shared = prepared.data is not None and cfg.data_transport == "object_store"
+    data_ref = ray.put(prepared.data) if shared else None
+    found = components(cfg)
+    # Balanced rounds send any user to any actor: every actor gets every user's indices,
+    # made and stored once for all of them.
+    everyone = ray.put(prepared.source(range(cfg.n_users))) if cfg.balance_rounds else None
+
+    def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
+        block = placement.blocks[actor]
+        states = checkpoint.states_of(block) if checkpoint else None
+        where = (
+            "SPREAD"
+            if group is None
+            else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + actor)
+        )
+        return UserActor.options(
+            num_cpus=placement.num_cpus,
+            num_gpus=placement.num_gpus,
+            scheduling_strategy=where,
+            runtime_env=faults.actor_env(),
+        ).remote(
+            cfg,
+            block,
+            prepared.source(block) if everyone is None else everyone,
+            data_ref,
+            placement.num_cpus,
+            placement.num_gpus,
+            actor,
+            incarnation,
+            states,
+            found,
+        )
+
+    return start
