@@ -27,8 +27,9 @@ from perfed_ray.data.shards import Shard
 from perfed_ray.data.validation import hold_out
 from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife
+from perfed_ray.results.layout import SWEEPS
 from perfed_ray.runtime.checkpoint import RunStore
-from perfed_ray.sweep import SWEEPS, spec
+from perfed_ray.sweep import spec
 
 REPO = Path(__file__).resolve().parents[1]
 # 2 x 2 trials of 60 rounds, each reserving 1 of the session's 2 CPUs: two side by side.
