@@ -266,7 +266,7 @@ def parser() -> argparse.ArgumentParser:
         "sweep",
         help="run many simulations as the trials of a Ray Tune sweep (a grid, samples, seeds)",
     )
-    sweep.add_argument("sweep", nargs="?", help="sweep file (see README: Sweeps)")
+    sweep.add_argument("sweep", nargs="?", help="sweep file (see docs/guide/sweeps.md)")
     _pairs(sweep, "--set", "override one configuration value of every trial (repeatable)")
     _pairs(
         sweep,
@@ -311,7 +311,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
     compare.set_defaults(func=cmd_compare)
     keys = sub.add_parser("keys", help="list every configuration key")
-    keys.add_argument("--markdown", action="store_true", help="print the README's table")
+    keys.add_argument(
+        "--markdown", action="store_true", help="as the Markdown table of the docs' reference"
+    )
     keys.set_defaults(func=cmd_keys)
     return top
 

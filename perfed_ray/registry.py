@@ -100,7 +100,8 @@ def import_object(path: str) -> Any:
 class Registry:
     """Components of one concept by name; `group` is the entry-point group that other
     packages register theirs under; `base`, the class a user's component must subclass
-    (or be an instance of, for `instance`), checked when a configuration names it."""
+    (or be an instance of, for `instance`), checked when a configuration names it;
+    `guide`, the docs page that says how to write one, which that check's error names."""
 
     concept: str
     key: str  # the configuration key that names one
@@ -108,6 +109,7 @@ class Registry:
     group: str = ""
     base: str = ""  # "module:Class"
     instance: bool = False
+    guide: str = ""  # a path in the repository: docs/guide/....md
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _entry_points(self) -> dict[str, str]:
@@ -149,10 +151,10 @@ class Registry:
         )
         if not fits:
             kind = "an instance" if self.instance else "a subclass"
+            see = f": see {self.guide}" if self.guide else ""
             raise ConfigError(
                 f"{self.key} = {name!r} names {obj!r}, which is not {kind} of "
-                f"{self.base.replace(':', '.')}: see the README's \"Add your "
-                f'own algorithm"'
+                f"{self.base.replace(':', '.')}{see}"
             )
 
     def load(self, name: str) -> Any:
@@ -187,6 +189,7 @@ ALGORITHMS = Registry(
     },
     group="perfed_ray.algorithms",
     base="perfed_ray.algorithms.base:Algorithm",
+    guide="docs/guide/adding-a-method.md",
 )
 
 MODELS = Registry(
@@ -201,6 +204,7 @@ MODELS = Registry(
     },
     group="perfed_ray.models",
     base="torch.nn:Module",
+    guide="docs/guide/adding-a-model.md",
 )
 
 DATASETS = Registry(
@@ -254,6 +258,7 @@ STRATEGIES = Registry(
     },
     group="perfed_ray.strategies",
     base="perfed_ray.strategy:Strategy",
+    guide="docs/guide/adding-a-strategy.md",
 )
 
 CLIENT_OPTIMIZERS = Registry(
@@ -265,6 +270,7 @@ CLIENT_OPTIMIZERS = Registry(
     },
     group="perfed_ray.client_optimizers",
     base="perfed_ray.optimizers.client:ClientOptimizer",
+    guide="docs/guide/methods.md",
 )
 
 SERVER_OPTIMIZERS = Registry(
@@ -279,6 +285,7 @@ SERVER_OPTIMIZERS = Registry(
     },
     group="perfed_ray.server_optimizers",
     base="perfed_ray.optimizers.server:ServerOptimizer",
+    guide="docs/guide/adding-a-strategy.md",
 )
 
 REGISTRIES = {

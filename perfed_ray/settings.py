@@ -1,5 +1,5 @@
 """What a configuration value may be, declared once and used for validation, the docs
-(`perfed-ray keys`, the README's table) and the Parquet column types.
+(`perfed-ray keys`, docs/reference/configuration.md) and the Parquet column types.
 
 The core keys of :class:`perfed_ray.config.RunConfig` are declared with a
 :class:`Setting` each, and so is every setting of a component (an algorithm, a server

@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
 from perfed_ray.algorithms.base import Algorithm, make_algorithm
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.config import RunConfig
+from perfed_ray.config.owners import HParams
 from perfed_ray.models import FlatParams
 from perfed_ray.optimizers.server import ServerOptimizer
 from perfed_ray.postprocess import UserPostprocessor
@@ -81,6 +82,44 @@ class RoundPlan:
     trained: list[int]
 
 
+@dataclass(frozen=True, kw_only=True)
+class StrategyHParams(HParams):
+    """What a strategy reads of a run: the core keys its hooks name, the counts the run
+    derives from `fraction`, `unseen_users` and `eval_users` (so that a strategy rounds
+    them as the run's checks did), and the two components its server step applies, made
+    for it: the method (`method`, as `algorithm` is the core key that names it), whose
+    server rule it runs, and the server optimiser. A strategy that reads more core keys
+    subclasses it as its ``HParams``."""
+
+    key: ClassVar[str] = "strategy"
+    seed: int
+    n_users: int
+    sampling: str
+    aggregation: str
+    trained_users: str
+    sample_final_eval: bool
+    dropout: float
+    stragglers: float
+    users_per_round: int
+    unseen_count: int
+    users_per_evaluation: int
+    method: Algorithm
+    optimizer: ServerOptimizer
+
+    @classmethod
+    def of(cls, cfg: RunConfig, **made: Any) -> Self:
+        """Also the derived counts, the method and the server optimiser the run names."""
+        return super().of(
+            cfg,
+            users_per_round=cfg.users_per_round,
+            unseen_count=cfg.unseen_count,
+            users_per_evaluation=cfg.users_per_evaluation,
+            method=make_algorithm(cfg),
+            optimizer=SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg),
+            **made,
+        )
+
+
 class Strategy:
     """Algorithm 1's server: m = round(r n) users without replacement, uniformly
     (`sampling: uniform`) or in proportion to their training samples (`sampling:
@@ -92,14 +131,26 @@ class Strategy:
 
     The next model is the method's own server rule (`Algorithm.server_update`) applied
     to the reporting users' weighted mean, then the server optimiser's step towards it
-    (`server_optimizer`). `sizes` are the users' training-sample counts, known on the
-    driver (needed for `sampling: samples` alone)."""
+    (`server_optimizer`).
 
-    def __init__(self, cfg: RunConfig, sizes: np.ndarray | None = None) -> None:
-        self.cfg = cfg
+    Made from its `HParams`, on the driver and on every actor (which only weighs its
+    users). `sizes` are the users' training-sample counts, known on the driver (needed
+    for `sampling: samples` alone)."""
+
+    # What the strategy reads of a run; a strategy that reads more subclasses it.
+    HParams: ClassVar[type[StrategyHParams]] = StrategyHParams
+
+    def __init__(
+        self, hparams: StrategyHParams | RunConfig, sizes: np.ndarray | None = None
+    ) -> None:
+        self.hparams = self.HParams.given(hparams)
         self.sizes = sizes
+        # The method whose server rule the step applies, and the server optimiser whose
+        # state `ServerState` holds.
+        self.algorithm: Algorithm = self.hparams.method
+        self.optimizer: ServerOptimizer = self.hparams.optimizer
         self._unseen = self._draw_unseen()
-        self._seen = np.setdiff1d(np.arange(cfg.n_users), self._unseen)
+        self._seen = np.setdiff1d(np.arange(self.hparams.n_users), self._unseen)
 
     def plan(self, round_: int) -> RoundPlan:
         """Round k's users: sampled, then who of them report, then who trains."""
@@ -110,23 +161,23 @@ class Strategy:
 
     def sample(self, round_: int) -> list[int]:
         """The users round k aggregates: never an unseen one."""
-        cfg = self.cfg
-        if cfg.sampling == "uniform" and not cfg.unseen_count:
-            return sample_users(cfg.seed, round_, cfg.n_users, cfg.users_per_round)
+        hp = self.hparams
+        if hp.sampling == "uniform" and not hp.unseen_count:
+            return sample_users(hp.seed, round_, hp.n_users, hp.users_per_round)
         seen = self._seen
         p = None
-        if cfg.sampling == "samples":
+        if hp.sampling == "samples":
             if self.sizes is None:
                 raise ValueError("sampling: samples needs the users' training sizes")
             p = self.sizes[seen] / self.sizes[seen].sum()
-        rng = numpy_rng(cfg.seed, Stream.USER_SAMPLING, round_)
-        return sorted(int(u) for u in rng.choice(seen, cfg.users_per_round, replace=False, p=p))
+        rng = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_)
+        return sorted(int(u) for u in rng.choice(seen, hp.users_per_round, replace=False, p=p))
 
     def trained(self, round_: int, reporting: list[int]) -> list[int]:
         """The users round k trains: the reporting ones (`reporting` itself), or every
         user that is not unseen (`trained_users: all`), whose per-user state then moves on
         each round though only the reporting ones reach the server."""
-        if self.cfg.trained_users == "sampled":
+        if self.hparams.trained_users == "sampled":
             return reporting
         return [int(u) for u in self._seen]
 
@@ -136,23 +187,23 @@ class Strategy:
         return list(self._unseen)
 
     def _draw_unseen(self) -> list[int]:
-        cfg = self.cfg
-        rng = numpy_rng(cfg.seed, Stream.UNSEEN_USERS)
-        return sorted(int(u) for u in rng.choice(cfg.n_users, cfg.unseen_count, replace=False))
+        hp = self.hparams
+        rng = numpy_rng(hp.seed, Stream.UNSEEN_USERS)
+        return sorted(int(u) for u in rng.choice(hp.n_users, hp.unseen_count, replace=False))
 
     def participation(self, round_: int, users: list[int]) -> Participation:
         """Each sampled user drops out with chance `dropout`, else is cut by the deadline
         with chance `stragglers`; neither kind's update is computed (the server would not
         wait for it)."""
-        cfg = self.cfg
-        if not (cfg.dropout or cfg.stragglers):
+        hp = self.hparams
+        if not (hp.dropout or hp.stragglers):
             return Participation(users, [], [])
-        draws = numpy_rng(cfg.seed, Stream.PARTICIPATION, round_).random((len(users), 2))
-        dropped = [u for u, (d, _) in zip(users, draws, strict=True) if d < cfg.dropout]
+        draws = numpy_rng(hp.seed, Stream.PARTICIPATION, round_).random((len(users), 2))
+        dropped = [u for u, (d, _) in zip(users, draws, strict=True) if d < hp.dropout]
         late = [
             u
             for u, (d, s) in zip(users, draws, strict=True)
-            if d >= cfg.dropout and s < cfg.stragglers
+            if d >= hp.dropout and s < hp.stragglers
         ]
         gone = set(dropped) | set(late)
         return Participation([u for u in users if u not in gone], dropped, late)
@@ -160,31 +211,20 @@ class Strategy:
     def weight(self, n_train: int) -> float:
         """A reporting user's weight in the aggregate, from its number of training samples
         (computed on the actor that hosts the user, which alone knows it)."""
-        return float(n_train) if self.cfg.aggregation == "samples" else 1.0
+        return float(n_train) if self.hparams.aggregation == "samples" else 1.0
 
     def evaluated(self, round_: int, final: bool) -> list[int]:
         """The users an evaluation after round k scores: everyone, or `eval_users` of them
         drawn uniformly without replacement from the evaluation's own stream (the final
         evaluation scores everyone unless `sample_final_eval`)."""
-        cfg = self.cfg
-        m = cfg.users_per_evaluation
-        if m >= cfg.n_users or (final and not cfg.sample_final_eval):
-            return list(range(cfg.n_users))
-        rng = numpy_rng(cfg.seed, Stream.EVALUATED_USERS, round_)
-        return sorted(int(u) for u in rng.choice(cfg.n_users, size=m, replace=False))
+        hp = self.hparams
+        m = hp.users_per_evaluation
+        if m >= hp.n_users or (final and not hp.sample_final_eval):
+            return list(range(hp.n_users))
+        rng = numpy_rng(hp.seed, Stream.EVALUATED_USERS, round_)
+        return sorted(int(u) for u in rng.choice(hp.n_users, size=m, replace=False))
 
     # -- the server's step -------------------------------------------------------------
-    @cached_property
-    def algorithm(self) -> Algorithm:
-        """The method whose server rule the step applies (built on first use: an actor's
-        strategy only weighs its users)."""
-        return make_algorithm(self.cfg)
-
-    @cached_property
-    def optimizer(self) -> ServerOptimizer:
-        """The server optimiser (`server_optimizer`), whose state `ServerState` holds."""
-        return SERVER_OPTIMIZERS.load(self.cfg.server_optimizer)(self.cfg)
-
     @property
     def fixed(self) -> bool:
         """Whether the global model stays w_0 for good (the method's `fixed_server`): no

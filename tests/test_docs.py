@@ -15,7 +15,9 @@ import yaml
 from conftest import TINY
 
 import perfed_ray
-from perfed_ray.config import reference_text
+from perfed_ray.config import ConfigError, from_mapping, reference_text
+from perfed_ray.registry import REGISTRIES
+from perfed_ray.runtime.checkpoint import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -90,6 +92,15 @@ def test_every_page_is_in_the_sites_navigation():
     assert "PROTOCOL.md" in listed
 
 
+def test_a_component_of_the_wrong_kind_is_pointed_at_the_page_on_writing_one():
+    guides = {r.key: r.guide for r in REGISTRIES.values() if r.guide}
+    assert {"algorithm", "model", "strategy", "server_optimizer"} <= set(guides)
+    for guide in guides.values():
+        assert (REPO / guide).is_file(), guide
+    with pytest.raises(ConfigError, match=r"Strategy: see docs/guide/adding-a-strategy\.md$"):
+        from_mapping({"strategy": "perfed_ray.models:MLP"})
+
+
 def test_nothing_points_at_the_project_machines_data():
     code = [*REPO.glob("tests/*.py"), *REPO.glob("perfed_ray/**/*.py")]
     for path in [REPO / "README.md", *PAGES, *code]:
@@ -141,14 +152,16 @@ def test_the_readmes_speed_figures_are_the_benchmarks_own():
 @pytest.mark.slow  # about 10 s: a whole run on the shared Ray
 def test_the_guides_model_and_strategy_run_as_printed(ray_session, tmp_path, monkeypatch):
     (tmp_path / "wide_mlp.py").write_text(code(page("guide/adding-a-model.md"), "model"))
-    (tmp_path / "sqrt_weights.py").write_text(code(page("guide/adding-a-strategy.md"), "strategy"))
+    (tmp_path / "dp_mean.py").write_text(code(page("guide/adding-a-strategy.md"), "strategy"))
     monkeypatch.syspath_prepend(str(tmp_path))
     result = perfed_ray.simulate(
-        {**TINY, "model": "wide_mlp:WideMLP", "strategy": "sqrt_weights:SqrtWeights"},
+        {**TINY, "model": "wide_mlp:WideMLP", "strategy": "dp_mean:DPMean"},
         tmp_path / "out",
         progress=False,
     )
     runs = result.table("runs")
     assert runs["status"].tolist() == ["finished"]
     assert runs["engine"].tolist() == ["fused"]  # its fused_layers() was taken
-    assert runs["strategy"].tolist() == ["sqrt_weights:SqrtWeights"]
+    assert runs["strategy"].tolist() == ["dp_mean:DPMean"]
+    saved = RunStore(tmp_path / "out", result.run_id).load()  # its own state, checkpointed
+    assert saved.server.extra["rounds"].tolist() == [float(TINY["rounds"])]

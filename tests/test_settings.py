@@ -9,7 +9,9 @@ import pytest
 
 from perfed_ray.algorithms import Algorithm
 from perfed_ray.config import ConfigError, from_mapping, load, reference
+from perfed_ray.optimizers.server import FedAdam
 from perfed_ray.registry import ALGORITHMS
+from perfed_ray.strategy import Strategy
 
 
 def test_a_section_a_dotted_key_and_a_set_override_are_the_same_setting(tmp_path):
@@ -159,3 +161,37 @@ def test_a_component_receives_its_own_settings_and_the_core_keys_it_names():
 
     assert Sized.of(cfg.replace(batch_size=16)).batch_size == 16
     assert not hasattr(Sized.of(cfg), "n_users")
+
+
+def test_the_strategy_and_server_optimiser_receive_their_own_settings():
+    cfg = from_mapping(
+        {
+            "algorithm": "pfedme",
+            "n_users": 10,
+            "fraction": 0.3,
+            "unseen_users": 0.2,
+            "eval_users": 0.25,
+            "server_optimizer": "fedadam",
+            "fedadam": {"lr": 0.05},
+        }
+    )
+    hparams = Strategy.HParams.of(cfg)
+    # the counts the run derives, rounded as its checks round them: round(2.5) is 2
+    counts = (hparams.users_per_round, hparams.unseen_count, hparams.users_per_evaluation)
+    assert counts == (3, 2, 2)
+    assert type(hparams.method) is ALGORITHMS.load("pfedme")  # made for it from the run
+    optimizer = hparams.optimizer
+    assert type(optimizer) is FedAdam
+    assert optimizer.hparams.section == cfg.settings_of("server_optimizer")
+    assert optimizer.options["lr"] == 0.05 and optimizer.options["beta2"] == 0.99  # default
+    assert not hasattr(hparams, "batch_size") and not hasattr(hparams, "fraction")
+    strategy = Strategy(hparams)
+    assert strategy.algorithm is hparams.method and strategy.optimizer is optimizer
+    assert strategy.sample(3) == Strategy(cfg).sample(3)  # the run read for the same record
+
+    class Sized(Strategy):  # a user's strategy that reads one more core key
+        @dataclasses.dataclass(frozen=True, kw_only=True)
+        class HParams(Strategy.HParams):
+            batch_size: int
+
+    assert Sized(cfg.replace(batch_size=16)).hparams.batch_size == 16

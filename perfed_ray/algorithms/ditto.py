@@ -13,7 +13,7 @@ global steps share the step size beta and the client optimiser (plain SGD in the
 code; its state lives for one round).
 
 Where a personal model starts (`ditto.personal_start`): `global` (the default, which
-keeps the numbers of earlier runs) starts a user's v from the global model of the
+the committed Ditto results ran with) starts a user's v from the global model of the
 round the user first trains in, and scores a user that never trained on the round's
 global model, so a user first sampled late starts near the others' consensus;
 `initial` starts every v from the run's initial model w_0, as the authors' code does

@@ -13,8 +13,8 @@ from perfed_ray.algorithms.base import Algorithm
 class FedAvg(Algorithm):
     """Local steps of the client optimiser (plain SGD by default) on D. Its stream
     draws D, D' and D'' for each step like Per-FedAvg's and it uses D alone, so that
-    one seed gives FedAvg and Per-FedAvg the same D at every step (and the numbers of
-    runs made before algorithms were values). The optimiser's state lives for one
+    one seed gives FedAvg and Per-FedAvg the same D at every step (and the committed
+    FedAvg results, drawn so, keep their numbers). The optimiser's state lives for one
     round, as in the code of McMahan et al.'s successors (`optimizer = SGD(...)` in each
     client's `train()`)."""
 

@@ -13,7 +13,7 @@ from perfed_ray.markdown import table
 def reference() -> list[tuple[str, str, str, str]]:
     """(key, default, allowed, meaning) for every key: the core keys, then every
     registered component's own settings under its section (``fedrep.head_epochs``): the
-    README's table and `keys`."""
+    docs' configuration reference (docs/reference/configuration.md) and `keys`."""
     rows = [(k, s.shown_default(), s.describe(k), s.help) for k, s in CORE.items()]
     for section, (key, name) in registered_sections().items():
         for setting, s in declared(key, name).items():
@@ -23,7 +23,7 @@ def reference() -> list[tuple[str, str, str, str]]:
 
 
 def reference_text(markdown: bool = False) -> str:
-    """The configuration reference as a Markdown table (the README's) or plain text."""
+    """The configuration reference as a Markdown table (the docs page's) or plain text."""
     if markdown:
         rows = [(f"`{k}`", f"`{d}`", a, m) for k, d, a, m in reference()]
         return table(("key", "default", "allowed", "meaning"), rows)

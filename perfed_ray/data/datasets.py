@@ -154,7 +154,7 @@ def load_cifar10(root: Path, download: bool, seed: int) -> DataArrays:
         except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
             raise DataError(
                 f"{npz} is not a readable CIFAR-10 .npz ({err}); replace it "
-                f"with a good copy (see the README's data section)"
+                f"with a good copy (see docs/guide/data.md)"
             ) from None
         return DataArrays(
             "cifar10",

@@ -3,8 +3,8 @@
 A user's batches are the heads of permutations drawn by `torch.randperm` from the
 user's own generator (:mod:`perfed_ray.data.batches`). One call per batch costs about
 6 microseconds of dispatch for a few dozen swaps: thirty calls a user (HF's tau = 10
-steps of three batches) made a GPU wait 300 ms for 1000 users' indices while their
-arithmetic took 50 ms. Here the same permutations come in bulk: every generator's
+steps of three batches) make a GPU wait 300 ms for 1000 users' indices, against 50 ms
+of their arithmetic. Here the same permutations come in bulk: every generator's
 words from NumPy, every shuffle at once in a few hundred array operations. That fixed
 cost pays from a few hundred batches a round on a CPU (below, :mod:`batches` calls
 torch.randperm itself) and always on a GPU.

@@ -25,8 +25,8 @@ from perfed_ray.data.datasets import DataArrays, DataError
 class InputScaling:
     """x -> (x - offset[g]) / divisor[g] for the features of part g, the features cut
     into len(offset) equal consecutive parts: channels (CHW-flat layout), or single
-    pixels; a division, so `unit` gives exactly the float32 x / 255 that results
-    before `input_scale` existed were computed with."""
+    pixels; a division, so `unit` gives exactly the float32 x / 255 of the paper's
+    protocol, which the committed results were computed with."""
 
     offset: np.ndarray  # float64 [channels] or [features]
     divisor: np.ndarray  # float64, the same length

@@ -7,8 +7,8 @@ are compute-bound, and `vmap` or a grouped convolution only adds work), on a GPU
 batching users should win. So every engine that applies is timed on a few users' round
 of local steps, in turns, the best of each kept, and the fastest chosen: turns go on
 for a budget of a second or two and every engine runs at least MIN_TURNS of them,
-however long a turn takes (a slow method's single turn each, one sample of a shared
-machine's noise, was once all that the budget allowed). The timed round is shaped as
+however long a turn takes, so that a slow method is never judged on a single turn
+each, one sample of a shared machine's noise. The timed round is shaped as
 the real one: tau steps, or one step an epoch with the users' counts of steps passed as
 a round in epochs passes them. Both change the engines' costs: a batched engine masks
 steps by those counts, and FedRep's head and body steps cost differently one user at a

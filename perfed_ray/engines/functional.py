@@ -1,6 +1,12 @@
 """A model's maths by autodiff, for one user at a time (and under `vmap`): any
 `nn.Module` works, called with explicit parameters (`functional_call`).
 
+As in functorch's MAML examples (``examples/maml_omniglot/maml-omniglot-transforms.py``),
+the model is a function of explicit parameters, so a local step and its gradient are
+each one line and `vmap` runs them for many users at once; the Hessian-vector product
+is forward-over-reverse, the `jvp` of `grad`, as torch.func's documentation computes
+one.
+
 One user's plain tensors (the sequential engine's) take PyTorch's ordinary autograd, as
 a plain training loop does (`torch.autograd.grad` on leaves that require gradients);
 under `torch.func`'s transforms (`vmap`, the `jvp` of a Hessian-vector product) and

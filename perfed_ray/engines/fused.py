@@ -5,8 +5,8 @@ optionally with each local step under `torch.compile`.
 On a CPU, blocks of 10 to 20 users are enough: past that the stacked weights fall out
 of cache and the time per user grows. On a GPU a block's cost is its kernel launches,
 a few hundred a round whatever its size, so a block holds as many users as fit in
-`GPU_BLOCK_BYTES` of stacked weights: with blocks of 16, a GPU ran 1000 users of
-HF at 6,600 user-steps a second, launching kernels for 63 blocks.
+`GPU_BLOCK_BYTES` of stacked weights: blocks of 16 launch kernels for 63 blocks to run
+1000 users, and hold a GPU to 6,600 user-steps a second of HF.
 
 Compiled, the step (not the whole round: one step compiles in seconds where tau
 unrolled steps take minutes) becomes one graph for every block size once the user axis

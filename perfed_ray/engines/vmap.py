@@ -1,4 +1,8 @@
-"""All of an actor's users in one `torch.func.vmap` pass: any model, any algorithm."""
+"""All of an actor's users in one `torch.func.vmap` pass: any model, any algorithm.
+
+Users are to it what tasks are to functorch's MAML example
+(``examples/maml_omniglot/maml-omniglot-transforms.py``), which maps one task's inner
+loop over a batch of tasks with `vmap`: here one user's update over the users."""
 
 from __future__ import annotations
 

@@ -10,28 +10,37 @@ with exactly the moments it stopped with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
+from perfed_ray.config.owners import HParams
+from perfed_ray.config.schema import RunConfig
 from perfed_ray.settings import Setting
 
-if TYPE_CHECKING:
-    from perfed_ray.config import RunConfig
-
 State = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptimizerHParams(HParams):
+    """What a server optimiser reads of a run: its own section alone; the move it steps
+    along is given at every round."""
+
+    key: ClassVar[str] = "server_optimizer"
 
 
 class ServerOptimizer:
     """``(w, target, state) -> (w', state')``. Subclass it and name the class in the
     configuration (`server_optimizer: mypkg.opt:Mine`) to use your own; its `settings`
-    become the section of that name."""
+    become the section of that name, which it reads as `self.options`."""
 
     settings: ClassVar[dict[str, Setting]] = {}
+    HParams: ClassVar[type[ServerOptimizerHParams]] = ServerOptimizerHParams
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        self.options: dict[str, Any] = cfg.settings_of("server_optimizer")
+    def __init__(self, hparams: ServerOptimizerHParams | RunConfig) -> None:
+        self.hparams = self.HParams.given(hparams)
+        self.options: dict[str, Any] = self.hparams.section
 
     def init(self, weights: np.ndarray) -> State:
         """The state before the first round ({} for a stateless rule)."""

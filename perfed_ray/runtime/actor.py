@@ -3,6 +3,12 @@ whole run.
 
 Only weights (in) and a weighted sum of weights, losses and scores (out) cross the
 actor's boundary; the maths is the :class:`~perfed_ray.learner.Learner`'s.
+
+An actor because the users' shards and states live across calls (Ray's design
+patterns: actors for state that lives across calls, tasks for stateless work). Flower's
+simulation engine runs clients on a pool of Ray actors too, but builds each client
+and loads its data anew on every call; here the users stay with their actor for the
+run, so a round pays for neither.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Starting the actors that host a run's users, where its placement puts them."""
+"""Starting the actors that host a run's users, where its placement puts them.
+
+The data set goes into Ray's object store once (`ray.put`) and every actor is given
+the reference, as Ray's design patterns advise for a large read-only argument of
+many calls, instead of a copy pickled into each actor's creation.
+"""
 
 from __future__ import annotations
 

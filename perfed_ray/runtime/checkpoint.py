@@ -84,8 +84,9 @@ def damaged(path: Path, err: BaseException) -> ConfigError:
 
 
 def _block(saved: dict[str, int] | list[int]) -> range:
-    """A block as run.json keeps it, {start, stop}; records written before blocks were
-    ranges list every user of a block, and their blocks are contiguous too."""
+    """A block as run.json keeps it, {start, stop}, or as older versions' run.json
+    files keep it, every user listed (their blocks are contiguous too), so that their
+    runs can still be resumed."""
     if isinstance(saved, dict):
         return range(saved["start"], saved["stop"])
     if saved != list(range(saved[0], saved[0] + len(saved))):

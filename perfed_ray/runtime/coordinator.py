@@ -7,6 +7,11 @@ which says so by value: the lists of users, and the step each actor applies to i
 users' models before summing them), when rows and checkpoints are written
 (:class:`~perfed_ray.runtime.rounds.Rounds`), or how a dead actor is replaced (the
 pool): it is the one place the rounds touch Ray.
+
+A round's model is put into the object store once and every actor's call is given
+the reference (Ray's design patterns: pass a large argument of many calls by
+reference), and each actor returns one weighted sum rather than its users' models,
+the running sum FedJAX's server keeps for the same reason: memory.
 """
 
 from __future__ import annotations

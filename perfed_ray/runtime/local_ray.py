@@ -10,15 +10,12 @@ interpreter exit: it stops the monitor at once and then shuts Ray
 down as Ray does, without the sleep. A Ray the driver did not start (a cluster it
 joined, a session a notebook or a test started) is left as it is.
 
-Measured and left out: Ray's `preload_python_modules: [torch]`, so that the workers Ray
-starts while `ray.init` connects import torch before an actor needs it (most of an
-actor's start). On 2 cores shared with other work (load 10-25), 14 FedAvg runs each
-way (experiments/bench/breakdown.py --baseline), the medians of the fixed cost were
-34.1 s without and 32.9 s with it, of the actors' start 9.20 and 9.19 s; in a quieter
-spell (load 2-3, 4 runs each) 10.7 and 9.7 s, actors' start 2.90 and 2.73 s, inside
-the runs' spread (7.3-12.9 s). The early imports compete with Ray's own start for the
-same cores, and idle workers would hold torch's memory where a run has fewer actors
-than CPUs.
+Ray's `preload_python_modules: [torch]` (the workers Ray starts while `ray.init`
+connects import torch before an actor needs it, most of an actor's start) is not set:
+its gain is within the spread of a run's fixed cost on a small machine
+(experiments/bench/breakdown.py --baseline compares the two), because the early
+imports compete with Ray's own start for the same cores, and its idle workers would
+hold torch's memory where a run has fewer actors than CPUs.
 """
 
 from __future__ import annotations

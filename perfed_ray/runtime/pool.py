@@ -1,5 +1,9 @@
 """The user actors of a run, kept whole: an actor that dies is replaced and its work re-run.
 
+Results are taken as each actor finishes (`ray.wait`, as Ray's design patterns advise
+over one `ray.get` of them all), so the driver adds up one actor's sum while others
+still work, and a dead actor's call is sent again as soon as its failure arrives.
+
 An actor holds a fixed block of users. When its process dies (killed, out of
 memory, node lost), Ray fails the calls in flight with ``RayActorError``; the pool
 then starts a new incarnation for the same block, which reloads the same shards,

@@ -267,9 +267,13 @@ def run(
         writer.resume(checkpoint.rows if checkpoint else {})
     store.save_record(placed.record)
     template = params_of(placed.model)
-    policy = STRATEGIES.load(cfg.strategy)  # given sizes only when it needs them: a
-    # user's own Strategy written before sizes existed takes cfg alone
-    strategy = policy(cfg, prepared.train_sizes()) if cfg.sampling == "samples" else policy(cfg)
+    policy = STRATEGIES.load(cfg.strategy)
+    hparams = policy.HParams.of(cfg)
+    # The users' sizes only where sampling by samples needs them: counting them is a
+    # pass over every user (a draw each for generated ones), and a strategy of one's own
+    # that never samples so may take its settings alone.
+    sized = cfg.sampling == "samples"
+    strategy = policy(hparams, prepared.train_sizes()) if sized else policy(hparams)
     initial = strategy.init(template)
     stateful = keeps_user_state(strategy.algorithm, template)
     rollbacks = RollBacks(cfg.actor_retries, store, writer)
