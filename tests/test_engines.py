@@ -17,7 +17,7 @@ from perfed_ray.engines import make_engine
 from perfed_ray.engines.functional import FunctionalOps, plain
 from perfed_ray.engines.stacked import chain_of, elu
 from perfed_ray.models import build_model, params_of
-from perfed_ray.registry import ALGORITHMS
+from perfed_ray.registry import ALGORITHMS, ENGINES
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
 
@@ -54,7 +54,9 @@ def _run(
 ):
     """The engine's round; `autograd=False`: the sequential engine's ops by `torch.func`
     alone (the reference its plain-autograd path is tested against); `layout`: its
-    images' on a CPU."""
+    images' on a CPU. The engine named is the one that runs: a model it could not run
+    would fall back to vmap, and a comparison with the sequential engine would then
+    test vmap under the other's name."""
     cfg = from_mapping({"algorithm": name, "alpha": 0.05, "beta": 0.1, **values})
     model = build_model(cfg.model, shape, 10, seed=0)
     if "layout" in ops:
@@ -68,6 +70,7 @@ def _run(
         else tree_map(lambda v: torch.stack([v + 0.01 * u for u in range(len(x))]), first)
     )
     made = make_engine(engine, algorithm, model, compile)
+    assert type(made) is ENGINES.load(engine), f"{engine} fell back to {type(made).__name__}"
     if not ops.get("autograd", True):
         made.functional = FunctionalOps(model, autograd=False)
     return made.run(server, x, y, states, steps, masks)
