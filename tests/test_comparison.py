@@ -12,7 +12,7 @@ import yaml
 from conftest import TINY, experiment_script, run_cells_here
 
 import perfed_ray
-from perfed_ray.analysis import mean_ci95
+from perfed_ray.analysis import mean_ci95, read_runs
 from perfed_ray.cli import main
 from perfed_ray.report.comparison import comparison_markdown
 
@@ -64,28 +64,48 @@ def test_the_compare_command_writes_the_report(compared, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_comparison_script_runs_its_grid_and_reports(ray_session, tmp_path, monkeypatch):
+def test_the_comparison_script_runs_its_grid_and_reports(
+    ray_session, tmp_path, monkeypatch, capsys
+):
     """The smoke test: one tiny setting, one seed, two methods, each cell's `perfed-ray
-    run` in this process on the session's Ray (a process per cell is table1's test)."""
+    run` in this process on the session's Ray (a process per cell is table1's test).
+    The runs written are the grid's cells, in the setting's configuration; the report is
+    the comparison of exactly those runs; a second call finds its cells done and runs
+    nothing; a protocol's overrides add their own runs beside the paper's."""
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
-    configs = tmp_path / "configs"
+    configs, out = tmp_path / "configs", tmp_path / "out"
     configs.mkdir()
     tiny = {k: v for k, v in COMPARED.items() if k != "users_per_actor"}
     (configs / "tiny.yaml").write_text(yaml.safe_dump(tiny))
     for script in experiment_script("comparison"):
         monkeypatch.setattr(script, "run_cells", run_cells_here)
-        args = ["--configs", str(configs), "--out", str(tmp_path / "out"), "--seeds", "1"]
+        args = ["--configs", str(configs), "--out", str(out), "--seeds", "1"]
         assert script.main([*args, "--methods", "local", "fedavg-ft"]) == 0
-        report = (tmp_path / "out" / "report" / "comparison.md").read_text()
-        assert "| local |" in report and "| fedavg-ft |" in report
-        assert script.main([*args, "--methods", "local", "--dry-run"]) == 0  # now done
+        runs = read_runs(out).sort_values("algorithm")
+        assert runs["algorithm"].tolist() == ["fedavg-ft", "local"]
+        assert set(runs["status"]) == {"finished"} and set(runs["seed"]) == {0}
+        for key, value in tiny.items():
+            assert set(runs[key]) == {value}, key
+        report = (out / "report" / "comparison.md").read_text()
+        assert report == comparison_markdown(out)
+        assert [_cells(report, m)[-1] for m in ("local", "fedavg-ft")] == ["1", "1"]  # seeds
+        capsys.readouterr()
+        assert script.main([*args, "--methods", "local", "--dry-run"]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert printed[0].startswith("done   ") and printed[1].startswith("1 cells, 0 to run")
+        assert len(printed) == 2 and len(read_runs(out)) == 2  # nothing run
         protocols = tmp_path / "protocols"
         protocols.mkdir()
         (protocols / "mine.yaml").write_text("local:\n  trained_users: all\n")
         monkeypatch.setattr(script, "PROTOCOLS", protocols)
         assert script.main([*args, "--methods", "local", "--protocol", "mine"]) == 0
-        report = (tmp_path / "out" / "report" / "comparison.md").read_text()
-        assert "| local |" in report and "| local (trained_users=all) |" in report
+        after = read_runs(out)
+        mine = after[~after["run_id"].isin(runs["run_id"])]
+        assert mine["algorithm"].tolist() == ["local"] and mine["trained_users"].tolist() == ["all"]
+        assert set(after["trained_users"]) == {"sampled", "all"}
+        report = (out / "report" / "comparison.md").read_text()
+        assert report == comparison_markdown(out)
+        assert _cells(report, "local (trained_users=all)")[-1] == "1"
 
 
 @pytest.mark.slow
