@@ -166,8 +166,9 @@ def test_personalisation_is_one_sgd_step_of_size_alpha(problem):
 
 def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull(problem):
     """Ditto with lambda = 0: its global copy moves as FedAvg's, its personal model as a
-    user training alone (both on the same D); with lambda > 0 the personal model is
-    pulled towards the round's global model."""
+    user training alone (both on the same D); with lambda > 0 the personal model's steps
+    are written out, v <- v - beta (grad f(v; D) + lambda (v - w^t)), w^t the round's
+    start (eq. 2), and pull it towards the global model."""
     ops, w, (d, d1, d2) = problem
     steps = [(d, d1, d2), (d1, d2, d)]
     own = {k: v + 0.1 for k, v in w.items()}
@@ -181,6 +182,12 @@ def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull
     _, _, pulled = client_update(
         _algorithm("ditto", beta=0.1, ditto={"lambda": 1.0}), ops, w, steps, own
     )
+    v = own
+    for batch in (d, d1):
+        g = ops.grad(v, batch)
+        v = {k: v[k] - 0.1 * (g[k] + 1.0 * (v[k] - w[k])) for k in w}
+    for k in w:
+        torch.testing.assert_close(pulled[k], v[k])
     assert _distance(pulled, w) < _distance(new_v, w)
 
 
