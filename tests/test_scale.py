@@ -62,8 +62,10 @@ def test_synthetic_users_are_a_function_of_seed_and_id():
     a = synthetic_user(0, 1.0, 1.0, 7)
     b = synthetic_user(0, 1.0, 1.0, 7)
     c = synthetic_user(0, 1.0, 1.0, 8)
+    d = synthetic_user(1, 1.0, 1.0, 7)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    assert not np.array_equal(a[0][:5], c[0][:5])
+    assert not np.array_equal(a[0][:5], c[0][:5])  # another user
+    assert not np.array_equal(a[0][:5], d[0][:5])  # another seed
     sizes = [
         len(synthetic_user(0, 1.0, 1.0, u)[1]) + len(synthetic_user(0, 1.0, 1.0, u)[3])
         for u in range(200)
