@@ -190,8 +190,34 @@ def test_the_side_by_side_script_compares_two_checkouts(
     assert float(ratio) == round(rows.loc["this", "speed"] / rows.loc["baseline", "speed"], 3)
 
 
+def _printed_ratios(printed: str, title: str) -> tuple[list[str], list[float]]:
+    """The last row of the ratios table a side-by-side script printed under `title`:
+    its columns' names and values."""
+    lines = printed.splitlines()
+    at = lines.index(title)
+    *_, values = lines[at + 1 :]
+    return lines[at + 1].split(), [float(v) for v in values.split()[-2:]]
+
+
+def _assert_sides(rows: pd.DataFrame, other: str, whole: str, printed: str, title: str) -> None:
+    """What both side-by-side scripts write: the two sides, perfed-ray's first, each
+    round inside its side's whole process (and perfed-ray's inside its run), and the
+    printed ratios those of the rows (pandas rounds as numpy does)."""
+    assert rows.index.tolist() == ["perfed-ray", other]  # ABAB: perfed-ray first
+    assert (2 * rows["round_seconds_mean"] < rows["whole_seconds"]).all()
+    ours = rows.loc["perfed-ray"]
+    assert 2 * ours["round_seconds_mean"] <= ours["run_seconds"] <= ours["whole_seconds"]
+    names, values = _printed_ratios(printed, title)
+    assert names == ["per_round", whole]
+    expected = [
+        rows.loc[other, column] / ours[column]
+        for column in ("round_seconds_median", "whole_seconds")
+    ]
+    assert values == [float(np.round(v, 2)) for v in expected]
+
+
 @pytest.mark.slow
-def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
+def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writes(tmp_path):
     """Its smoke test: 2 rounds of 10 users on each side, where Flower's own interpreter
     is installed (never in perfed-ray's environment: CI has none, and skips)."""
     sys.path.insert(0, str(BENCH))
@@ -205,14 +231,15 @@ def test_flower_side_by_side_runs_both_and_writes_the_ratios(tmp_path):
         )
     rows, printed = _smoke("flower", tmp_path)
     rows = rows.set_index("tool")
-    assert set(rows.index) == {"perfed-ray", "flower"}
-    assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == 2).all()
-    assert (rows["round_seconds_median"] > 0).all() and (rows["whole_seconds"] > 0).all()
+    assert (rows["rounds"] == 2).all() and (rows["n_users"] == 10).all()
+    assert (rows["users_per_round"] == 2).all()
+    # Two rounds: the median of two seconds is their mean.
+    np.testing.assert_allclose(rows["round_seconds_median"], rows["round_seconds_mean"])
+    _assert_sides(rows, "flower", "whole_run", printed, "Flower's seconds / perfed-ray's:")
     # Both sides trained the same model on the same data: MNIST's 10 classes start near
     # ln 10 = 2.30 and two rounds of small steps leave both there, not diverged.
     assert np.allclose(rows["final_train_loss"], 2.3, atol=0.3)
     assert rows.loc["flower", "flwr"]
-    assert "per_round" in printed and "whole_run" in printed
 
 
 @pytest.mark.slow
@@ -240,12 +267,15 @@ def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
     assert set(rows.index) == {"perfed-ray", "pfl"} and set(rows["workload"]) == {workload}
     cohort = {"mnist": 2, "cifar10": 4}[workload]  # pfl.py's SMOKE settings
     assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == cohort).all()
-    assert (rows["round_seconds_median"] > 0).all() and (rows["whole_seconds"] > 0).all()
+    # Two rounds: the median leaves the first out, so it is the second round's seconds.
+    np.testing.assert_allclose(
+        rows["round_seconds_median"], 2 * rows["round_seconds_mean"] - rows["first_round_seconds"]
+    )
+    _assert_sides(rows, "pfl", "whole_process", printed, "pfl's seconds / perfed-ray's:")
     # Both sides trained the same model from the same w_0 on the same users: 10 classes
     # start near ln 10 = 2.30 and two rounds leave both there, not diverged.
     assert np.allclose(rows["final_test_loss"], 2.3, atol=0.3)
     assert rows.loc["pfl", "pfl"]
-    assert "per_round" in printed and "whole_process" in printed
 
 
 def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_results(
