@@ -13,6 +13,7 @@ import pytest
 import perfed_ray
 from perfed_ray.analysis import MEASURED
 from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.runtime import simulation
 from perfed_ray.strategy import Strategy
 from tests.conftest import TINY
 
@@ -38,25 +39,34 @@ def test_every_user_training_leaves_a_stateless_methods_numbers_unchanged(ray_se
     sampled, every = (_tables(runs[w]) for w in ("sampled", "all"))
     pd.testing.assert_frame_equal(sampled["rounds"], every["rounds"])
     pd.testing.assert_frame_equal(sampled["evals"], every["evals"])
-    sent = {w: runs[w].table("rounds")["bytes_sent"].sum() for w in runs}
-    assert sent["all"] > sent["sampled"]  # the weights went to every user's actor
+    # The model (float32) out to each actor called: the one sampled user's actor, or
+    # every user's (both of them).
+    users = list(range(SPREAD["n_users"]))
+    prepared = simulation.prepare(from_mapping({**SPREAD, "algorithm": "fedavg"}))
+    w_0 = simulation.initial_weights(prepared.cfg, prepared.source(users))
+    actors = runs["all"].table("actors")
+    assert sorted(u for block in actors["users"] for u in block) == users and len(actors) == 2
+    sent = {w: runs[w].table("rounds")["bytes_sent"].tolist() for w in runs}
+    assert sent["sampled"] == [w_0.nbytes] * SPREAD["rounds"]
+    assert sent["all"] == [len(actors) * w_0.nbytes] * SPREAD["rounds"]
 
 
 @pytest.mark.slow
 def test_every_user_training_moves_every_users_own_model(ray_session, tmp_path):
-    """Local training's users keep their models: with one user a round, most users'
-    models are still w_0 after three rounds unless every user trains every round."""
-    moved = {}
+    """Local training's users keep their models: with one user a round, only the users
+    drawn have moved from w_0 after three rounds, unless every user trains every round."""
+    moved, results = {}, {}
     for who in ("sampled", "all"):
-        result = perfed_ray.simulate(
+        result = results[who] = perfed_ray.simulate(
             {**SPREAD, "algorithm": "local", "trained_users": who, "users_per_actor": 3},
             tmp_path / who,
         )
         final = result.table("evals").query("final and draw == 0")
         personal = np.array([steps[0] for steps in final["loss_steps"]])
-        moved[who] = int((personal != final["loss_before"].to_numpy()).sum())
-    assert moved["all"] == 6
-    assert moved["sampled"] <= 3
+        moved[who] = set(final.loc[personal != final["loss_before"].to_numpy(), "user"])
+    drawn = {u for users in results["sampled"].table("rounds")["users"] for u in users}
+    assert moved["all"] == set(range(6))
+    assert moved["sampled"] == drawn and len(drawn) <= 3
 
 
 def test_users_are_drawn_in_proportion_to_their_samples():
