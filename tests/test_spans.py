@@ -12,7 +12,7 @@ import pytest
 from perfed_ray.analysis import read_table
 from perfed_ray.api import simulate
 from perfed_ray.config import from_mapping
-from perfed_ray.runtime import rounds
+from perfed_ray.runtime import rounds, simulation
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 LOCAL = {
@@ -62,11 +62,20 @@ def test_a_fixed_servers_rounds_go_in_spans_with_the_numbers_of_single_rounds(
     single, single_evals = _run(tmp_path / "single", trained_users="all")
     pd.testing.assert_frame_equal(spans[ROUND_KEYS], single[ROUND_KEYS])
     pd.testing.assert_frame_equal(spans_evals[EVAL_KEYS], single_evals[EVAL_KEYS])
-    # A span's weights go out once, with its first round: rounds 1, 5, 7, 9 start one
-    # (round 1 alone, then spans end at evaluations 4, 8, 12 and checkpoints 6, 12).
-    assert spans.loc[spans["bytes_sent"] > 0, "round"].tolist() == [1, 2, 5, 7, 9]
-    assert (single["bytes_sent"] > 0).all()
-    assert (spans["bytes_received"] > 0).all()
+    # A span's weights go out once, with its first round: rounds 1, 2, 5, 7, 9 start one
+    # (round 1 alone, then spans end at evaluations 4, 8, 12 and checkpoints 6, 12). It
+    # sends what a single round sends, the model (float32) to each of the two actors,
+    # and its other rounds send nothing; every round's sums (float64) come back alike.
+    users = list(range(LOCAL["n_users"]))
+    prepared = simulation.prepare(from_mapping(LOCAL))
+    w_0 = simulation.initial_weights(prepared.cfg, prepared.source(users))
+    assert single["bytes_sent"].tolist() == [2 * w_0.nbytes] * LOCAL["rounds"]
+    starts = [1, 2, 5, 7, 9]
+    assert spans["bytes_sent"].tolist() == [
+        2 * w_0.nbytes if r in starts else 0 for r in spans["round"]
+    ]
+    assert spans["bytes_received"].tolist() == [2 * 2 * w_0.nbytes] * LOCAL["rounds"]
+    assert single["bytes_received"].tolist() == spans["bytes_received"].tolist()
 
 
 @pytest.mark.slow
