@@ -165,6 +165,8 @@ def test_a_run_with_dropout_gives_the_same_rows_whatever_the_placement_and_engin
     packed = perfed_ray.simulate(
         {**tiny, "users_per_actor": 40, "engine": "grouped"}, tmp_path / "b", progress=False
     )
+    placed = [r.table("runs")[["n_actors", "engine"]].iloc[0].tolist() for r in (spread, packed)]
+    assert placed == [[2, "sequential"], [1, "grouped"]]  # two placements, two engines
     for table, columns in (("rounds", ["train_loss"]), ("evals", ["loss_after", "acc_after"])):
         a, b = (r.table(table) for r in (spread, packed))
         keys = [k for k in ("round", "user", "draw") if k in a.columns]
