@@ -118,6 +118,8 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
 
 
 def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
+    """At once: by the probe of the port before Ray is asked (whose own attempts go on
+    retrying), so the refused connection is the error's reason, and no run begins."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
@@ -136,12 +138,12 @@ def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
         env=_env(),
         cwd=tmp_path,
     )
-    assert result.returncode == 2
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith(f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot reach a Ray cluster at 127.0.0.1:{closed} (Connection refused): "
+        "is it up, and is this the head's address and port?"
     )
+    assert "Traceback" not in result.stderr and not (tmp_path / "out" / "runs").exists()
 
 
 @pytest.mark.slow
@@ -233,7 +235,8 @@ def test_workers_run_the_drivers_code_shipped_through_runtime_env(cluster, tmp_p
     )
     assert result.returncode == 0, result.stderr
     seen = [line.split() for line in result.stdout.splitlines()]
-    assert seen and all("runtime_resources/py_modules_files" in path for _, path in seen)
+    assert len({node for node, _ in seen}) == 1 + WORKERS  # the head and every worker
+    assert all("runtime_resources/py_modules_files" in path for _, path in seen)
 
 
 @pytest.mark.parametrize(
