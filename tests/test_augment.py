@@ -173,7 +173,9 @@ def test_a_run_on_ray_trains_on_augmented_images_and_records_how(ray_session, tm
         result = perfed_ray.simulate({**tiny, "augment": how}, tmp_path, progress=False)
         runs[how] = result
     table = read_table(tmp_path, "runs").set_index("run_id")
-    assert table.loc[runs["crop-flip"].run_id, "augment"] == "crop-flip"
+    assert [table.loc[r.run_id, "augment"] for r in runs.values()] == ["none", "crop-flip"]
     rounds = {how: r.table("rounds") for how, r in runs.items()}
     # The same users and batches, other pixels: other training losses.
+    drawn = {how: [list(users) for users in r["users"]] for how, r in rounds.items()}
+    assert drawn["none"] == drawn["crop-flip"]
     assert rounds["none"]["train_loss"].iloc[0] != rounds["crop-flip"]["train_loss"].iloc[0]
