@@ -53,7 +53,9 @@ def test_each_cell_is_the_mean_over_seeds_of_users_mean_accuracy_after_k_steps(c
             mean, half = mean_ci95(np.array(per_seed))
             assert cells[column] == f"{100 * mean:.2f} ± {100 * half:.2f}"
         assert cells[-1] == "2"
-    assert final.groupby("algorithm")["unseen"].sum().min() > 0  # unseen users were scored
+    # each run scored its 2 unseen users (a quarter of 8) apart from its 6 seen ones
+    users = final.groupby(["algorithm", "seed", "unseen"])["user"].nunique()
+    assert users.unstack("unseen").values.tolist() == [[6, 2]] * 4
 
 
 @pytest.mark.slow
