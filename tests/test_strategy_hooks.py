@@ -33,6 +33,26 @@ RUN = {
 }
 
 
+def test_a_strategy_loaded_after_the_actor_class_was_sent_reaches_the_actors(
+    ray_session, monkeypatch
+):
+    """Ray pickles an actor class by value once a session: a registry the class's code
+    named directly was the driver's copy of that moment, so a plug-in strategy resolved
+    later (in the same session, after a run with the built-in one) was unknown to every
+    actor. Runs before the fixture below first resolves the plug-in."""
+    built_in = from_mapping({**RUN, "strategy": "uniform"})
+    first = simulation.actor_factory(simulation.prepare(built_in), Placement([range(6)], 1.0, 0.0))(
+        0, 0
+    )
+    ray_session.get(first.describe.remote())  # the class is sent now, the plug-in unknown
+    ray_session.kill(first)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    cfg = from_mapping(RUN)
+    actor = simulation.actor_factory(simulation.prepare(cfg), Placement([range(6)], 1.0, 0.0))(0, 0)
+    assert ray_session.get(actor.describe.remote())["pid"] > 0  # built: it found Hooked
+    ray_session.kill(actor)
+
+
 def _clipped(update: np.ndarray, bound: float) -> np.ndarray:
     return update * min(1.0, bound / np.linalg.norm(update))
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import ray
 import torch
 
-from perfed_ray import faults
+from perfed_ray import faults, registry
 from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.data.augment import augmentation
@@ -31,7 +31,6 @@ from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.postprocess import UserPostprocessor
-from perfed_ray.registry import STRATEGIES
 from perfed_ray.runtime.environment import Components, adopt
 
 
@@ -98,7 +97,10 @@ class UserActor:
         shards = ShardCache(source, served, self.device, data, budget, held_out)
         augment = augmentation(cfg.augment, source.input_shape, source.scaling)
         self.learner = Learner(cfg, model, shards, states, users, augment)
-        self.strategy = STRATEGIES.load(cfg.strategy)(cfg)
+        # Through the module, not a name imported into this one: Ray pickles an actor
+        # class by value, so a registry imported here would be the driver's copy as it
+        # stood when the class was first sent, without the components adopted above.
+        self.strategy = registry.STRATEGIES.load(cfg.strategy)(cfg)
 
     def describe(self) -> dict[str, object]:
         """Where this actor runs and its peak memory (also: it is ready)."""
