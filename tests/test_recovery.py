@@ -192,8 +192,13 @@ def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_se
         text=True,
         env=env,
     )
-    while not list(out.glob("rounds/*/part-0.parquet")):  # however long the machine takes
+    # However long the machine takes, short of a run that hangs: that fails, not the suite.
+    hung = time.monotonic() + 900
+    while not list(out.glob("rounds/*/part-0.parquet")):
         assert process.poll() is None, process.communicate()[1]  # the run ended first
+        if time.monotonic() > hung:
+            process.kill()
+            pytest.fail(f"no checkpoint in 15 minutes: {process.communicate()[1]}")
         time.sleep(0.05)  # the checkpoint after round 5 is written: mid-run
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
