@@ -182,13 +182,20 @@ def test_ditto_is_fedavg_globally_and_local_training_personally_without_its_pull
     _, _, pulled = client_update(
         _algorithm("ditto", beta=0.1, ditto={"lambda": 1.0}), ops, w, steps, own
     )
-    v = own
-    for batch in (d, d1):
-        g = ops.grad(v, batch)
-        v = {k: v[k] - 0.1 * (g[k] + 1.0 * (v[k] - w[k])) for k in w}
+    v = _proximal_steps(ops, own, w, (d, d1), beta=0.1, pull=1.0)
     for k in w:
         torch.testing.assert_close(pulled[k], v[k])
     assert _distance(pulled, w) < _distance(new_v, w)
+
+
+def _proximal_steps(ops, start, anchor, batches, beta, pull):
+    """SGD written out on f + pull/2 |x - anchor|^2 (Ditto's personal steps, FedProx's
+    local ones): x <- x - beta (grad f(x; D) + pull (x - anchor)), one batch a step."""
+    x = start
+    for batch in batches:
+        g = ops.grad(x, batch)
+        x = {k: x[k] - beta * (g[k] + pull * (x[k] - anchor[k])) for k in x}
+    return x
 
 
 def test_pfedme_moves_w_towards_theta_and_the_server_mixes_by_beta(problem):
@@ -316,10 +323,7 @@ def test_fedprox_is_sgd_on_the_proximal_objective_and_fedavg_without_its_pull(pr
     steps = [(d, d1, d2), (d1, d2, d)]
     fedprox = _algorithm("fedprox", beta=0.1, fedprox={"mu": 0.5})
     model, _, state = client_update(fedprox, ops, w0, steps, None)
-    w = w0
-    for batch in (d, d1):
-        g = ops.grad(w, batch)
-        w = {k: w[k] - 0.1 * (g[k] + 0.5 * (w[k] - w0[k])) for k in w}
+    w = _proximal_steps(ops, w0, w0, (d, d1), beta=0.1, pull=0.5)
     for k in w0:
         torch.testing.assert_close(model[k], w[k])
     assert state is None and fedprox.personal_model(ops, w0, None) is w0
