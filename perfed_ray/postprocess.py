@@ -23,8 +23,16 @@ class UserPostprocessor:
     strategy's `postprocess_users`.
 
     `server` is the round's global model, `models` the reporting users' new models,
-    each leaf stacked along a leading user axis; the user's update is `models - server`.
-    Return models of the same shapes."""
+    each leaf stacked along a leading user axis, `users` their ids in that order (for
+    draws keyed by the user); the user's update is `models - server`. Return models of
+    the same shapes."""
 
-    def __call__(self, server: Params, models: Params) -> Params:
+    def __call__(self, server: Params, models: Params, users: list[int]) -> Params:
         raise NotImplementedError
+
+    def statistics(self, server: Params, models: Params, users: list[int]) -> dict[str, float]:
+        """Numbers summed over the round's reporting users, on the actors and then on the
+        driver, that the strategy's `aggregate` receives as `stats` (adaptive clipping's
+        count of users whose update the bound did not clip), taken from the models
+        before the step; none by default."""
+        return {}

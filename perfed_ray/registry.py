@@ -1,5 +1,5 @@
 """One registry per concept: algorithms, models, data sets, partitioners, engines, strategies,
-client and server optimisers.
+client and server optimisers, privacy mechanisms.
 
 A configuration names a component by a registered name (``perfedavg-hf``), by a
 dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
@@ -110,6 +110,10 @@ class Registry:
     base: str = ""  # "module:Class"
     instance: bool = False
     guide: str = ""  # a path in the repository: docs/guide/....md
+    # The section every component of the concept keeps its settings in, where they
+    # share one (`privacy.epsilon` whichever mechanism `privacy` names); by default
+    # each component's own (`fedrep.head_epochs`).
+    section: str = ""
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _entry_points(self) -> dict[str, str]:
@@ -288,6 +292,20 @@ SERVER_OPTIMIZERS = Registry(
     guide="docs/guide/adding-a-strategy.md",
 )
 
+PRIVACY = Registry(
+    "privacy mechanism",
+    "privacy",
+    {
+        "none": "perfed_ray.privacy.mechanisms:NoPrivacy",
+        "central": "perfed_ray.privacy.mechanisms:CentralGaussian",
+        "local": "perfed_ray.privacy.mechanisms:LocalGaussian",
+    },
+    group="perfed_ray.privacy",
+    base="perfed_ray.privacy.mechanisms:NoPrivacy",
+    guide="docs/guide/privacy.md",
+    section="privacy",
+)
+
 REGISTRIES = {
     r.key: r
     for r in (
@@ -299,8 +317,10 @@ REGISTRIES = {
         STRATEGIES,
         CLIENT_OPTIMIZERS,
         SERVER_OPTIMIZERS,
+        PRIVACY,
     )
 }
 # Configuration keys whose components declare settings, each in a section of its own
-# name (`fedrep: {head_epochs: 10}`): see perfed_ray.settings.
-SECTIONED = ("algorithm", "client_optimizer", "server_optimizer")
+# name (`fedrep: {head_epochs: 10}`) or of its registry's (`privacy.epsilon`): see
+# perfed_ray.settings.
+SECTIONED = ("algorithm", "client_optimizer", "server_optimizer", "privacy")

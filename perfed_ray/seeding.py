@@ -30,6 +30,8 @@ class Stream(enum.IntEnum):
     VALIDATION = 10
     AUGMENTATION = 11
     DROPOUT = 12
+    CENTRAL_NOISE = 13
+    LOCAL_NOISE = 14
 
 
 def stream_seed(seed: int, stream: Stream, *keys: int) -> int:

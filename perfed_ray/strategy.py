@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 import numpy as np
+import torch
 
 from perfed_ray.algorithms.base import Algorithm, make_algorithm
 from perfed_ray.algorithms.tree import Params
@@ -37,7 +38,8 @@ from perfed_ray.config.owners import HParams
 from perfed_ray.models import FlatParams
 from perfed_ray.optimizers.server import ServerOptimizer
 from perfed_ray.postprocess import UserPostprocessor
-from perfed_ray.registry import SERVER_OPTIMIZERS
+from perfed_ray.privacy.mechanisms import NoPrivacy
+from perfed_ray.registry import PRIVACY, SERVER_OPTIMIZERS
 from perfed_ray.seeding import Stream, numpy_rng
 
 
@@ -86,14 +88,16 @@ class RoundPlan:
 class StrategyHParams(HParams):
     """What a strategy reads of a run: the core keys its hooks name, the counts the run
     derives from `fraction`, `unseen_users` and `eval_users` (so that a strategy rounds
-    them as the run's checks did), and the two components its server step applies, made
+    them as the run's checks did), and the three components its server step applies, made
     for it: the method (`method`, as `algorithm` is the core key that names it), whose
-    server rule it runs, and the server optimiser. A strategy that reads more core keys
+    server rule it runs, the server optimiser, and the privacy mechanism (`mechanism`, as
+    `privacy` is the core key that names it). A strategy that reads more core keys
     subclasses it as its ``HParams``."""
 
     key: ClassVar[str] = "strategy"
     seed: int
     n_users: int
+    fraction: float
     sampling: str
     aggregation: str
     trained_users: str
@@ -105,6 +109,7 @@ class StrategyHParams(HParams):
     users_per_evaluation: int
     method: Algorithm
     optimizer: ServerOptimizer
+    mechanism: NoPrivacy
 
     @classmethod
     def of(cls, cfg: RunConfig, **made: Any) -> Self:
@@ -116,6 +121,7 @@ class StrategyHParams(HParams):
             users_per_evaluation=cfg.users_per_evaluation,
             method=make_algorithm(cfg),
             optimizer=SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg),
+            mechanism=PRIVACY.load(cfg.privacy)(cfg),
             **made,
         )
 
@@ -124,14 +130,18 @@ class Strategy:
     """Algorithm 1's server: m = round(r n) users without replacement, uniformly
     (`sampling: uniform`) or in proportion to their training samples (`sampling:
     samples`, as Ditto's and FedProx's authors draw them: numpy's `choice` with p the
-    users' shares of all samples), aggregated by their plain mean (`aggregation: mean`)
+    users' shares of all samples), or each user on its own with probability `fraction`
+    (`sampling: poisson`, so cohorts vary: the sampling that differential privacy's
+    amplification by subsampling assumes), aggregated by their plain mean (`aggregation: mean`)
     or weighted by their training samples (`aggregation: samples`); the sampled users
     train, or every user does (`trained_users: all`); every user evaluated, or a
     sample of them (`eval_users`). Registered as `uniform`.
 
     The next model is the method's own server rule (`Algorithm.server_update`) applied
-    to the reporting users' weighted mean, then the server optimiser's step towards it
-    (`server_optimizer`).
+    to the reporting users' aggregate, then the server optimiser's step towards it
+    (`server_optimizer`). The aggregate is their weighted mean, or under differential
+    privacy (`privacy`) the privacy mechanism's release: clipped on the actors, noised
+    on the driver (:mod:`perfed_ray.privacy.mechanisms`).
 
     Made from its `HParams`, on the driver and on every actor (which only weighs its
     users). `sizes` are the users' training-sample counts, known on the driver (needed
@@ -149,6 +159,7 @@ class Strategy:
         # state `ServerState` holds.
         self.algorithm: Algorithm = self.hparams.method
         self.optimizer: ServerOptimizer = self.hparams.optimizer
+        self.privacy: NoPrivacy = self.hparams.mechanism
         self._unseen = self._draw_unseen()
         self._seen = np.setdiff1d(np.arange(self.hparams.n_users), self._unseen)
 
@@ -165,6 +176,9 @@ class Strategy:
         if hp.sampling == "uniform" and not hp.unseen_count:
             return sample_users(hp.seed, round_, hp.n_users, hp.users_per_round)
         seen = self._seen
+        if hp.sampling == "poisson":
+            joins = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_).random(len(seen))
+            return [int(u) for u in seen[joins < hp.fraction]]
         p = None
         if hp.sampling == "samples":
             if self.sizes is None:
@@ -238,21 +252,48 @@ class Strategy:
         state then replaces the result)."""
         self.layout = FlatParams(template)
         weights = self.layout.flatten(template)
-        return ServerState(weights, self.optimizer.init(weights))
+        self.shared = self.algorithm.shared(template)
+        self._shared_mask = self.layout.flatten(
+            {k: torch.full(v.shape, float(k in self.shared)) for k, v in template.items()}
+        ).astype(np.float64)
+        return ServerState(weights, self.optimizer.init(weights), self.privacy.init())
 
     def aggregate(
-        self, round_: int, state: ServerState, total: np.ndarray, weight: float
+        self,
+        round_: int,
+        state: ServerState,
+        total: np.ndarray,
+        weight: float,
+        stats: Mapping[str, float] | None = None,
     ) -> ServerState:
         """The state after round k from the state before it and the weighted sum
-        `total` of the reporting users' models (their weights add up to `weight`):
-        w_{k+1} from their mean, post-processed, through the method's server rule and
-        the server optimiser's step."""
-        mean = self.postprocess_aggregate(round_, state, (total / weight).astype(np.float32))
+        `total` of the reporting users' models (their weights add up to `weight`;
+        `stats`, what the users' postprocessor counted): w_{k+1} from their mean, or the
+        privacy mechanism's release, post-processed, through the method's server rule
+        and the server optimiser's step."""
+        released, extra = self.privacy.release(
+            round_, state.weights, state.extra, total, weight, dict(stats or {}), self._shared_mask
+        )
+        mean = self.postprocess_aggregate(round_, state, released)
         target = self.server_rule(state.weights, mean)
         new, moments = self.optimizer.step(state.weights, target, state.optimizer)
         return dataclasses.replace(
-            state, weights=np.asarray(new, dtype=np.float32), optimizer=moments
+            state,
+            weights=np.asarray(new, dtype=np.float32),
+            optimizer=moments,
+            extra={**state.extra, **extra},
         )
+
+    @property
+    def releases_empty(self) -> bool:
+        """Whether a round none of whose users reported still moves the model (central
+        DP's noise is released whoever reports, as its accounting assumes)."""
+        return self.privacy.releases_empty
+
+    def epsilon(self, rounds_done: int) -> float:
+        """The privacy spent after `rounds_done` rounds, at the mechanism's delta
+        (infinite without differential privacy: nothing is guaranteed)."""
+        return self.privacy.epsilon(rounds_done)
 
     def server_rule(self, weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
         """The target the server optimiser moves w_k towards: the method's
@@ -266,8 +307,9 @@ class Strategy:
 
     def postprocess_users(self, round_: int, state: ServerState) -> UserPostprocessor | None:
         """The step each actor applies to round k's reporting users' models before it
-        sums them (per-user clipping goes here), or None: the sum as it is, at no cost."""
-        return None
+        sums them (the privacy mechanism's clipping, and local DP's noise), or None: the
+        sum as it is, at no cost."""
+        return self.privacy.user_step(round_, state.extra, self.shared)
 
     def postprocess_aggregate(
         self, round_: int, state: ServerState, aggregate: np.ndarray

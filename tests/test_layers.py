@@ -37,6 +37,8 @@ LAYERS: list[tuple[str, ...]] = [
     # the maths, which knows nothing of Ray
     ("data",),
     ("algorithms", "optimizers", "dropout", "postprocess"),
+    # differential privacy: its accountant, and the mechanism's steps on updates
+    ("privacy",),
     ("models",),
     ("engines",),
     ("strategy", "learner"),

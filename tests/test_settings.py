@@ -184,7 +184,7 @@ def test_the_strategy_and_server_optimiser_receive_their_own_settings():
     assert type(optimizer) is FedAdam
     assert optimizer.hparams.section == cfg.settings_of("server_optimizer")
     assert optimizer.options["lr"] == 0.05 and optimizer.options["beta2"] == 0.99  # default
-    assert not hasattr(hparams, "batch_size") and not hasattr(hparams, "fraction")
+    assert not hasattr(hparams, "batch_size") and not hasattr(hparams, "tau")
     strategy = Strategy(hparams)
     assert strategy.algorithm is hparams.method and strategy.optimizer is optimizer
     assert strategy.sample(3) == Strategy(cfg).sample(3)  # the run read for the same record

@@ -177,6 +177,12 @@ class Algorithm:
             model = sgd(model, g, self.alpha, into=g)
         return model
 
+    def shared(self, params: Params) -> tuple[str, ...]:
+        """The parameters whose updates leave a user for the server (all of them unless
+        the method keeps a part personal): what differential privacy clips and noises,
+        while the rest, and every personalisation step, stays with the user."""
+        return tuple(params)
+
     # -- server side -------------------------------------------------------------------
     def server_update(self, server: Params, aggregate: Params) -> Params:
         """The next global model from the users' aggregated models (Algorithm 1: the

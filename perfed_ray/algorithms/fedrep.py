@@ -188,6 +188,11 @@ class FedRep(Algorithm):
         w = state["w"]
         return w, {k: w[k] for k in head_keys(w)}
 
+    def shared(self, params):
+        """The body alone: under privacy the head never leaves its user (without it the
+        server averages the heads too, as a starting head for newcomers)."""
+        return tuple(_parts(params)["body"])
+
     def personalise(self, ops, model, head, batches):
         keys = head_keys(model)
         for batch in batches:

@@ -61,7 +61,7 @@ def from_mapping(values: Mapping[str, Any]) -> RunConfig:
     cfg = RunConfig(**{k: CORE[k].coerce(k, v) for k, v in core.items()})
     rest = {k: v for k, v in flat.items() if k not in CORE}
     sections = registered_sections() if rest else {}
-    chosen = {section_name(getattr(cfg, key)): (key, getattr(cfg, key)) for key in SECTIONED}
+    chosen = {section_name(getattr(cfg, key), key): (key, getattr(cfg, key)) for key in SECTIONED}
     sections |= chosen
     legacy = legacy_of(sections)
     given: dict[str, Any] = {}

@@ -140,7 +140,9 @@ MEANINGS: dict[str, str] = {
     ),
     "sampling": (
         "how a round's users are drawn: uniformly, or in proportion to their training "
-        "samples (Ditto's and FedProx's authors' code); without replacement either way"
+        "samples (Ditto's and FedProx's authors' code), fraction * n_users of them without "
+        "replacement; or poisson: each user on its own with probability fraction, so "
+        "cohorts vary (what differential privacy's accounting by subsampling assumes)"
     ),
     "client_optimizer": (
         "the optimiser of the local steps of methods that use one (its settings in its "
@@ -153,6 +155,11 @@ MEANINGS: dict[str, str] = {
     "strategy": (
         "the server's policy: which users a round samples and which are "
         "evaluated (uniform: Algorithm 1's, without replacement)"
+    ),
+    "privacy": (
+        "user-level differential privacy: none, central (DP-FedAvg: users' updates "
+        "clipped, Gaussian noise on their sum at the server) or local (each user noises "
+        "its own update); its settings in the privacy section (privacy.epsilon ...)"
     ),
     "aggregation": (
         "how users' models are combined: their plain mean (Algorithm 1) or their "

@@ -90,3 +90,6 @@ def check(cfg: RunConfig) -> None:
             f"eval_users = {sampled:g} is not allowed: all, a whole number of users up to "
             f"n_users = {cfg.n_users}, or a fraction below 1"
         )
+    if cfg.privacy != "none":
+        mechanism = REGISTRIES["privacy"].load(cfg.privacy)
+        mechanism.validate(mechanism.HParams.of(cfg), method.fixed_server)

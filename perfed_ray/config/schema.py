@@ -25,7 +25,7 @@ AUGMENTATIONS = ("none", "crop-flip")
 HF_DELTAS = ("fixed", "normalized")
 AGGREGATIONS = ("mean", "samples")
 TRAINED_USERS = ("sampled", "all")
-SAMPLINGS = ("uniform", "samples")
+SAMPLINGS = ("uniform", "samples", "poisson")
 MAX_USERS = 10**8  # the driver holds arrays of every user's id: 10^8 is about a GB
 MAX_BATCH = 10**6  # samples of one batch, a memory bound on the actors, not a data bound
 
@@ -86,6 +86,7 @@ class RunConfig:
     server_optimizer: str = _key("mean", registry=True)
     strategy: str = _key("uniform", registry=True)
     aggregation: str = _key("mean", choices=AGGREGATIONS)
+    privacy: str = _key("none", registry=True)
     num_cpus_per_actor: float | None = _key(None, low=0, low_open=True, auto=True)
     num_gpus_per_actor: float | None = _key(None, low=0, auto=True)
     checkpoint_every: int = _key(20, low=1)
@@ -129,7 +130,7 @@ class RunConfig:
 
     def settings_of(self, key: str) -> dict[str, Any]:
         """The settings of the component that core key `key` names (``algorithm``)."""
-        return self.section(section_name(getattr(self, key)))
+        return self.section(section_name(getattr(self, key), key))
 
     def to_dict(self) -> dict[str, Any]:
         """Every value as a flat mapping: core keys, then components' settings under

@@ -16,9 +16,12 @@ from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
 from perfed_ray.settings import Setting
 
 
-def section_name(value: str) -> str:
-    """The section of the component a configuration names: its registered name, or for
-    a dotted path ``pkg.mod:Reptile`` the class name in lower case (``reptile``)."""
+def section_name(value: str, key: str | None = None) -> str:
+    """The section of the component a configuration names under `key`: its registry's
+    shared section if it has one (``privacy``), else its registered name, or for a
+    dotted path ``pkg.mod:Reptile`` the class name in lower case (``reptile``)."""
+    if key is not None and REGISTRIES[key].section:
+        return REGISTRIES[key].section
     return value.rpartition(":")[2].lower() if is_dotted(value) else value
 
 
@@ -34,7 +37,7 @@ def registered_sections() -> dict[str, tuple[str, str]]:
     for key in SECTIONED:
         for name in REGISTRIES[key].names():
             if declared(key, name):
-                out[section_name(name)] = (key, name)
+                out.setdefault(section_name(name, key), (key, name))
     return out
 
 
@@ -42,7 +45,7 @@ def component_settings(cfg: Any) -> dict[str, Setting]:
     """The settings declared by the components a run configuration names (its algorithm
     and optimisers, a user's own included), by dotted key (``fedrep.body_steps``)."""
     return {
-        f"{section_name(getattr(cfg, key))}.{name}": s
+        f"{section_name(getattr(cfg, key), key)}.{name}": s
         for key in SECTIONED
         for name, s in declared(key, getattr(cfg, key)).items()
     }

@@ -94,7 +94,7 @@ def _label(values: pd.Series, keys: list[str]) -> str:
 def _method(run: pd.Series, protocol: list[str]) -> str:
     """The algorithm, with its own knobs where they differ from the defaults, and the
     shared protocol's keys where the run differs from its table's usual values."""
-    sections = {section_name(run[k]) for k in SECTIONED if k in run and isinstance(run[k], str)}
+    sections = {section_name(run[k], k) for k in SECTIONED if k in run and isinstance(run[k], str)}
     own = [f"{k}={_value(run[k])}" for k in protocol]
     own += [
         f"{k}={_value(run[k])}"

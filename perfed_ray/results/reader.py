@@ -89,7 +89,11 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     runs used."""
     runs = read_table(out, RUNS, run_id)
     for name, f in FIELDS.items():
-        if name in runs and f.default is not None and runs[name].isna().any():
+        if f.default is None or runs.empty:
+            continue
+        if name not in runs:  # a key added after every run here was made
+            runs[name] = f.default
+        elif runs[name].isna().any():
             runs[name] = runs[name].fillna(f.default)
     # Runs from before components declared their settings kept them in flat columns
     # (`pfedme_lr`): they are read as the setting of the run's own method.
@@ -102,12 +106,13 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     # A setting a component declared later reads back, for that component's runs, as
     # its default (what they ran with), so a finished run still matches its config.
     for dotted, (key, component, setting) in registered_settings().items():
-        if key not in runs or setting.default is None:
+        if key not in runs:
             continue
         mine = runs[key] == component
         if not mine.any():
             continue
         if dotted not in runs:
             runs[dotted] = pd.Series([None] * len(runs), index=runs.index, dtype=object)
-        runs.loc[mine & runs[dotted].isna(), dotted] = setting.default
+        if setting.default is not None:
+            runs.loc[mine & runs[dotted].isna(), dotted] = setting.default
     return runs

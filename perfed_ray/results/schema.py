@@ -66,6 +66,9 @@ ROUNDS_SCHEMA = pa.schema(
         ("server_seconds", pa.float64()),  # the server's step after the sums came
         ("bytes_sent", pa.int64()),
         ("bytes_received", pa.int64()),
+        # Differential privacy's epsilon spent after this round, at privacy.delta (inf:
+        # no privacy; null in results written before privacy existed).
+        ("epsilon", pa.float64()),
     ]
 )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +47,7 @@ class UpdateSum:
     per_user: dict[int, np.ndarray] | None = None
     seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
     guests: dict[int, np.ndarray] | None = None  # new states of users hosted elsewhere
+    stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's statistics
 
 
 def peak_memory_bytes() -> int:
@@ -182,8 +183,10 @@ class UserActor:
             keep = torch.tensor([u in summed for u in users], device=self.device)
             models, losses = {k: v[keep] for k, v in models.items()}, losses[keep]
             users = [u for u in users if u in summed]
+        stats = {}
         if postprocess is not None:
-            models = postprocess(start, models)
+            stats = postprocess.statistics(start, models, users)
+            models = postprocess(start, models, users)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
         if all(w == 1.0 for w in weights_):
@@ -205,7 +208,7 @@ class UserActor:
         loss_sum = float(losses.double().sum())
         seconds = time.perf_counter() - clock
         return UpdateSum(
-            total, float(sum(weights_)), len(users), loss_sum, per, seconds, visiting or None
+            total, float(sum(weights_)), len(users), loss_sum, per, seconds, visiting or None, stats
         )
 
     def evaluate(self, weights: np.ndarray, users: list[int], round_: int, draws: int) -> pa.Table:

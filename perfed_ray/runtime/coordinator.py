@@ -46,6 +46,7 @@ class Sums:
     bytes_received: int = 0
     diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
     actor_seconds: float = 0.0  # the slowest actor's own time: the round's work, not transport
+    stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's, summed
 
     def add(self, part: UpdateSum, users: list[int]) -> None:
         """An actor's part (its `UpdateSum`) of the round, trained by `users`."""
@@ -56,6 +57,8 @@ class Sums:
         self.loss_sum += part.loss_sum
         self.bytes_received += part.total.nbytes
         self.actor_seconds = max(self.actor_seconds, part.seconds)
+        for name, value in part.stats.items():
+            self.stats[name] = self.stats.get(name, 0.0) + value
 
 
 Work = Callable[[int], float]  # a user's share of a round's local work (its steps)

@@ -130,9 +130,11 @@ class Rounds:
             raise Diverged(round_, sorted(sums.diverged))
         n = len(plan.reporting)
         gathered = time.perf_counter()
-        if n:
+        if n or self.strategy.releases_empty:
             before = self.state.weights
-            self.state = self.strategy.aggregate(round_, self.state, sums.total, sums.weight)
+            self.state = self.strategy.aggregate(
+                round_, self.state, sums.total, sums.weight, stats=sums.stats
+            )
             if self.strategy.fixed and not np.array_equal(before, self.state.weights):
                 raise RuntimeError(
                     f"{self.cfg.algorithm} declares fixed_server, but its server's model "
@@ -153,6 +155,7 @@ class Rounds:
             "server_seconds": ended - gathered,
             "bytes_sent": sums.bytes_sent,
             "bytes_received": sums.bytes_received,
+            "epsilon": self.strategy.epsilon(round_),
         }
 
     def run_round(self, round_: int) -> dict:

@@ -51,6 +51,7 @@ from perfed_ray.data.datasets import dataset, paper_a
 from perfed_ray.data.synthetic import train_size
 from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams, initial_model, params_of
+from perfed_ray.privacy.mechanisms import resolve as resolve_privacy
 from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import peak_memory_bytes
@@ -233,6 +234,7 @@ def place(
     else:
         placement = plan(cfg, nodes)
         cfg = resolve_execution(cfg, model, placement, prepared.source([]), group)
+        cfg = resolve_privacy(cfg)
         prepared = dataclasses.replace(prepared, cfg=cfg)
         record = RunRecord(
             run_id,

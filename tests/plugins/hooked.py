@@ -26,7 +26,7 @@ class Clip(UserPostprocessor):
     def __init__(self, bound: float) -> None:
         self.bound = bound
 
-    def __call__(self, server, models):
+    def __call__(self, server, models, users):
         updates = {k: v - server[k] for k, v in models.items()}
         norms = sum(u.flatten(1).pow(2).sum(1) for u in updates.values()).sqrt()
         scale = torch.clamp(self.bound / norms.clamp_min(1e-12), max=1.0)
@@ -37,8 +37,8 @@ class Hooked(Strategy):
     def init(self, template):
         return dataclasses.replace(super().init(template), extra={"rounds": np.zeros(1)})
 
-    def aggregate(self, round_, state, total, weight):
-        new = super().aggregate(round_, state, total, weight)
+    def aggregate(self, round_, state, total, weight, stats=None):
+        new = super().aggregate(round_, state, total, weight, stats)
         return dataclasses.replace(new, extra={"rounds": state.extra["rounds"] + 1})
 
     def postprocess_users(self, round_, state):
