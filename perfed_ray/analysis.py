@@ -248,6 +248,8 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
         "rounds",
         "wall_seconds",
         "startup_seconds",
+        "privacy",
+        "epsilon",
         "n_actors",
         "engine",
         "hostname",

@@ -102,6 +102,12 @@ def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
             "wall": [f"{w:.0f} s" if pd.notna(w) else "-" for w in table["wall_seconds"]],
         }
     )
+    if (table.get("privacy", "none") != "none").any():
+        # what each private run spent, at its privacy.delta
+        shown["epsilon"] = [
+            "-" if p == "none" or pd.isna(e) else f"{e:.3g}"
+            for p, e in zip(table["privacy"], table["epsilon"], strict=True)
+        ]
     if "accuracy" in table:
         shown["pers. acc (95% CI, draws)"] = [
             "-" if pd.isna(a) else f"{100 * a:.2f} ± {100 * h:.2f} ({int(d)})"

@@ -166,7 +166,8 @@ class RunLife:
                 (k, v, now.get(k))
                 for k, v in stored.to_dict().items()
                 if now.get(k) != v
-                and not (k in configuration.CORE and configuration.CORE[k].auto and now[k] is None)
+                # an auto value the run made concrete (an engine, a noise multiplier)
+                and not (now.get(k) is None and configuration.spec(k).auto)
             ]
             if changed:
                 k, old, new = changed[0]

@@ -111,6 +111,22 @@ def test_a_plug_in_that_does_not_import_names_its_file_and_line(tmp_path):
     assert f"RuntimeError: no GPU here at {tmp_path / 'raising_method.py'}, line 2" in line
 
 
+PRIVATE = ["--set", "privacy=central", "--set", "rounds=50", "--set", "privacy.epsilon=1"]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        (["privacy.noise_multiplier=0.3"], "privacy.noise_multiplier = 0.3 spends epsilon = "),
+        (["privacy=central,local"], "privacy = 'central,local' is not allowed"),
+    ],
+    ids=["over-budget", "central-and-local"],
+)
+def test_bad_privacy_settings_exit_2_before_ray_starts(tmp_path, pairs, message):
+    sets = [arg for pair in pairs for arg in ("--set", pair)]
+    assert message in _run(*TINY, *PRIVATE, *sets, cwd=tmp_path)
+
+
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # refused
 
 

@@ -35,6 +35,8 @@ RUNS_SCHEMA = pa.schema(
         ("ended_at", TIMESTAMP),
         ("wall_seconds", pa.float64()),
         ("rounds_done", pa.int64()),
+        # the epsilon spent over rounds_done rounds, at privacy.delta (inf: no privacy)
+        ("epsilon", pa.float64()),
         ("resumes", pa.int64()),  # how many times the run was continued with --resume
         ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
         ("driver_peak_memory_bytes", pa.int64()),

@@ -318,6 +318,9 @@ def run(
         row.update(_peak_memory(pool))
     finally:
         if rounds is not None:
-            row.update(wall_seconds=rounds.wall_seconds(), rounds_done=rounds.rounds_done)
+            done = rounds.rounds_done
+            row.update(
+                wall_seconds=rounds.wall_seconds(), rounds_done=done, epsilon=strategy.epsilon(done)
+            )
         if pool is not None:
             pool.stop()
