@@ -243,9 +243,10 @@ def test_a_central_dp_run_writes_the_epsilon_it_spent_each_round(ray_session, tm
 
 
 @pytest.mark.slow
-def test_fedrep_under_central_dp_keeps_the_servers_head_where_it_started(ray_session, tmp_path):
+@pytest.mark.parametrize("privacy", ["central", "local"])
+def test_fedrep_under_dp_keeps_the_servers_head_where_it_started(ray_session, tmp_path, privacy):
     """The head never leaves a user: the server's copy of it is w_0's after any number of
-    rounds, while the body moved."""
+    rounds, while the body moved (noised on the server, or by each user)."""
     from perfed_ray.models import initial_model, params_of
     from perfed_ray.runtime.checkpoint import RunStore
     from perfed_ray.runtime.simulation import prepare
@@ -255,7 +256,7 @@ def test_fedrep_under_central_dp_keeps_the_servers_head_where_it_started(ray_ses
         "algorithm": "fedrep",
         "rounds": 3,
         "tau": 2,
-        "privacy": "central",
+        "privacy": privacy,
         "privacy.noise_multiplier": 0.5,
         "checkpoint_every": 3,
     }

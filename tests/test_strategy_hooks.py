@@ -88,6 +88,34 @@ def test_the_actor_applies_the_step_to_each_users_model_before_the_sum(hooked, r
     assert got.weight == plain.weight == len(reporting)
 
 
+def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, ray_session):
+    """The built-in privacy step on a real actor: every user's update as summed is
+    within the bound (up to float32 rounding), and those it clipped point where they did."""
+    from perfed_ray.privacy.clipping import ClipUpdates
+
+    _, cfg, actor, w0, reporting, plain = hooked
+    w = w0.astype(np.float64)
+    norms = np.array([np.linalg.norm(plain.per_user[u] - w) for u in reporting])
+    low, high = np.sort(norms)[:2]
+    bound = float(low + high) / 2  # some users are clipped, some are not, none on the edge
+    keys = tuple(Strategy(cfg).algorithm.shared(_template(cfg)))
+    step = ClipUpdates(bound, keys, per_layer=False, count_unclipped=True)
+    got = ray_session.get(actor.train.remote(w0, reporting, 1, per_user=True, postprocess=step))
+    for u, norm in zip(reporting, norms, strict=True):
+        update = got.per_user[u] - w
+        assert np.linalg.norm(update) <= bound * (1 + 1e-5)
+        np.testing.assert_allclose(
+            update, (plain.per_user[u] - w) * min(1.0, bound / norm), rtol=1e-4, atol=1e-7
+        )
+    assert got.stats == {"unclipped": float((norms <= bound).sum())}
+
+
+def _template(cfg):
+    from perfed_ray.models import initial_model, params_of
+
+    return params_of(initial_model(cfg, simulation.prepare(cfg).source([])))
+
+
 @pytest.mark.slow
 def test_a_strategys_hooks_and_own_state_in_a_real_run(hooked, tmp_path):
     """w_1 of a run with the plug-in strategy is w_0 plus the mean of the users' clipped
