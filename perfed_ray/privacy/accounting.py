@@ -30,9 +30,11 @@ Epsilon is the smallest the accountant proves at `delta`. RDP uses dp-accounting
 default orders (pfl's too) and its conversion (`compute_epsilon`, Proposition 12 of
 Canonne, Kamath and Steinke 2020). PLD uses a value discretisation interval of 1e-3
 (`PLD_INTERVAL`, pessimistic estimates and connect-the-dots, the library's
-defaults): pfl uses 1e-4; 1e-3 changes epsilon by under 0.05% at 1,000 rounds (an
-upper bound still: a coarser pessimistic PLD only rounds up) and is about 8 times
-faster, which the per-round `epsilons` of a 1,000-round run need. RDP's epsilon for k
+defaults). pfl and dp-accounting default to 1e-4; 1e-3 adds about 0.001 to epsilon
+after 1,000 rounds (0.13% at epsilon 1; still an upper bound: a coarser pessimistic
+PLD only rounds up), moves calibrated noise multipliers by at most 0.12% from pfl's
+(experiments/results/privacy/accountants.md) and is about 8 times faster, which the
+per-round `epsilons` of a 1,000-round run need. RDP's epsilon for k
 rounds is one round's RDP curve times k (the accountant's own arithmetic, so
 `epsilons` and `epsilon` agree bit for bit); PLD's is the one-round PLD self-composed
 k times, as `PLDAccountant.compose(event, k)` does; for local DP, where a round is a
