@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "yamlfile",
         "paper",
         "exiting",
+        "privacy",  # pure maths on dp-accounting, below config so validation can use it
     ),
     ("version",),
     ("registry", "settings"),
