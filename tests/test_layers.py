@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "yamlfile",
         "paper",
         "exiting",
-        "privacy",  # pure maths on dp-accounting, below config so validation can use it
+        "privacy.accounting",  # pure maths on dp-accounting, below config's validation
     ),
     ("version",),
     ("registry", "settings"),
@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the maths, which knows nothing of Ray
     ("data",),
     ("algorithms", "optimizers", "dropout", "postprocess"),
-    # differential privacy: its accountant, and the mechanism's steps on updates
+    # differential privacy's mechanisms and their steps on users' updates
     ("privacy",),
     ("models",),
     ("engines",),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -36,7 +35,6 @@ from pfl import pfl_python  # noqa: E402  (experiments/bench/pfl.py)
 
 # dp-accounting logs each RDP order it cannot evaluate and leaves out (at q = 0.1 and
 # z near 1, orders 1.1-1.6, hundreds of lines a calibration); epsilon stays an upper bound.
-logging.getLogger("absl").setLevel(logging.ERROR)
 OUT = HERE.parent / "results" / "privacy"
 POPULATION = 10_000  # the rate is what both accountants see; q * population users a round
 GRID = {"epsilon": [1, 2, 4, 8], "delta": [1e-5], "q": [0.01, 0.1], "rounds": [100, 1000]}

@@ -49,7 +49,10 @@ a configuration can be checked without loading it.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -118,7 +121,8 @@ def epsilon(plan: Plan, noise_multiplier: float, rounds: int) -> float:
         return 0.0
     if noise_multiplier == 0:
         return math.inf
-    return _after(plan, _one_round(plan, noise_multiplier), rounds)
+    with _quiet():
+        return _after(plan, _one_round(plan, noise_multiplier), rounds)
 
 
 def epsilons(plan: Plan, noise_multiplier: float, rounds: int) -> np.ndarray:
@@ -128,8 +132,23 @@ def epsilons(plan: Plan, noise_multiplier: float, rounds: int) -> np.ndarray:
     _check_run(noise_multiplier, rounds)
     if noise_multiplier == 0:
         return np.full(rounds, math.inf)
-    one = _one_round(plan, noise_multiplier)
-    return np.array([_after(plan, one, k) for k in range(1, rounds + 1)], dtype=np.float64)
+    with _quiet():
+        one = _one_round(plan, noise_multiplier)
+        return np.array([_after(plan, one, k) for k in range(1, rounds + 1)], dtype=np.float64)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """dp-accounting logs, through absl, each RDP order it leaves out where its series
+    does not converge (orders near 1 at large q): epsilon stays an upper bound, and a
+    run would print dozens of such lines at its start."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def noise_multiplier(plan: Plan, target_epsilon: float, rounds: int) -> float:
