@@ -113,6 +113,7 @@ def measure(values: dict, rounds: int, full_eval: bool) -> dict:
     return {
         "privacy": values.get("privacy", "none"),
         "sampling": values.get("sampling", "uniform"),
+        "seed": values.get("seed", 0),
         "n_users": values["n_users"],
         "users_per_round": 100,
         "rounds": rounds,
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--full-eval-max", type=int, default=100_000)
     parser.add_argument("--privacy", nargs="+", choices=PRIVACY, default=["none"])
+    parser.add_argument("--seed", type=int, default=0, help="the runs' seed")
     parser.add_argument("--smoke", action="store_true", help="100 users, 2 rounds")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -145,7 +147,7 @@ def main() -> None:
         generated = {"dataset": "synthetic", "partition": "natural", "fraction": 100 / n}
         full = n <= args.full_eval_max
         for mechanism in args.privacy:
-            values = {**generated, "n_users": n, **private(mechanism)}
+            values = {**generated, "n_users": n, "seed": args.seed, **private(mechanism)}
             rows.append({"dataset": "synthetic", **measure(values, args.rounds, full)})
             print(rows[-1], flush=True)
     for n in mnist:
