@@ -165,3 +165,23 @@ def test_the_guides_model_and_strategy_run_as_printed(ray_session, tmp_path, mon
     assert runs["strategy"].tolist() == ["dp_mean:DPMean"]
     saved = RunStore(tmp_path / "out", result.run_id).load()  # its own state, checkpointed
     assert saved.server.extra["rounds"].tolist() == [float(TINY["rounds"])]
+
+
+@pytest.mark.slow  # a private run on the shared Ray
+def test_the_privacy_pages_epsilon_example_reads_what_the_accountant_spent(
+    ray_session, tmp_path, monkeypatch, capsys
+):
+    from perfed_ray.privacy import accounting
+
+    values = {**TINY, "sampling": "poisson", "privacy": "central", "privacy.epsilon": 8.0}
+    perfed_ray.simulate(values, tmp_path / "results", progress=False)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(code(page("guide/privacy.md"), "epsilon"), scope)
+    z = scope["runs"]["privacy.noise_multiplier"].iloc[0]
+    plan = accounting.Plan("central", "poisson", 4, 2.0, 1e-5, "rdp")  # q = 0.5 of 4 users
+    assert z == accounting.noise_multiplier(plan, 8.0, TINY["rounds"])
+    spent = accounting.epsilon(plan, z, TINY["rounds"])
+    assert scope["spent"].tolist() == [pytest.approx(spent, rel=1e-12)] and spent <= 8.0
+    printed = capsys.readouterr().out
+    assert "privacy.noise_multiplier" in printed and "epsilon" in printed

@@ -2,8 +2,9 @@
 
 The driver is SIGKILLed at named points (mid-round, mid-evaluation, mid-write,
 between a checkpoint's write and its rename, before the first checkpoint) and
-resumed each time; an actor's process is SIGKILLed mid-round; a user whose work
-fails every time stops the run. In every case the tables must equal those of a
+resumed each time, also under differential privacy (its cohorts, noise, clipping bound
+and epsilon); an actor's process is SIGKILLed mid-round; a user whose work fails every
+time stops the run. In every case the tables must equal those of a
 run that was never interrupted, except for the columns that measure time,
 memory and placement rather than results.
 """
@@ -53,6 +54,25 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame], failures: bool = 
         got["events"] = events[events["kind"] != "actor-died"].reset_index(drop=True)
     for name in OUTCOME:
         pd.testing.assert_frame_equal(got[name], expected[name], check_exact=True, obj=name)
+
+
+# Differential privacy's draws after a crash: Poisson cohorts, the server's noise and
+# adaptive clipping's bound (kept in the checkpointed server state), or each user's own
+# noise; a clip small enough that updates are clipped and the bound moves.
+PRIVATE = {
+    "central": {
+        "privacy": "central",
+        "privacy.adaptive_clip": True,
+        "privacy.count_noise": 1.0,
+    },
+    "local": {"privacy": "local"},
+}
+PRIVATE_BASE = {
+    "fraction": 0.5,
+    "sampling": "poisson",
+    "privacy.noise_multiplier": 1.0,
+    "privacy.clip": 0.05,
+}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +129,34 @@ def test_driver_killed_at_any_point_resumes_to_identical_tables(
     capsys.readouterr()
     assert main(["run", "--quiet", "--resume", str(run_dir)]) == 2
     assert "already finished all 8 rounds" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("privacy", PRIVATE)
+def test_a_private_run_killed_mid_round_resumes_to_identical_tables(ray_session, tmp_path, privacy):
+    """SIGKILL in round 5, resumed from the checkpoint after round 3: rounds 4 and 5
+    replayed draw the same cohorts and noise from the saved state, and the rows, epsilon
+    included, equal those of the run left alone."""
+    values = {**CONFIG, **PRIVATE_BASE, **PRIVATE[privacy]}
+    simulate(from_mapping(values), tmp_path / "reference", progress=False)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = tmp_path / "results"
+    address = ray_session.get_runtime_context().gcs_address
+    killed = _cli([str(config), "--out", str(out)], address, fault="driver-round@5")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [run_dir] = (out / "checkpoints").iterdir()
+    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    assert saved.round == 3
+    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
+    expected = outcome(tmp_path / "reference")
+    _assert_same(out, expected)
+    rounds = expected["rounds"]
+    assert len(set(rounds["n_sampled"])) > 1  # Poisson cohorts
+    spent = rounds["epsilon"]
+    assert spent.is_monotonic_increasing and spent.lt(float("inf")).all()
+    if privacy == "central":  # the bound had moved by round 3, and was saved
+        assert saved.server.extra["privacy.clip"][0] != PRIVATE_BASE["privacy.clip"]
 
 
 @pytest.mark.slow

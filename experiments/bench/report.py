@@ -130,6 +130,41 @@ def scale_notes(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def scale_privacy_section() -> Fills:
+    path = RESULTS / "scale-privacy.parquet"
+    if not path.exists():
+        return None
+    frame = pd.read_parquet(path).copy()
+    frame["all_processes_gb"] = frame["driver_peak_gb"] + frame["actors_peak_gb"]
+    cols = ["n_users", "privacy", "sampling", "startup_seconds", "seconds_per_round"]
+    memory = ["driver_peak_gb", "actors_peak_gb", "all_processes_gb"]
+    return {
+        "machine": _machine(frame),
+        "table": _markdown(frame[[*cols, *memory]]),
+        "notes": _bullets(
+            scale_privacy_notes(frame.set_index(["n_users", "privacy", "sampling"])[memory])
+        ),
+    }
+
+
+def scale_privacy_notes(memory: pd.DataFrame) -> list[str]:
+    """Each run's peak memory beside the plain run's (no privacy, uniform sampling) of
+    the same n."""
+    lines = []
+    for n in memory.index.get_level_values("n_users").unique():
+        plain = memory.loc[(n, "none", "uniform")]
+        for privacy, sampling in memory.loc[n].index.drop(("none", "uniform")):
+            more = memory.loc[(n, privacy, sampling)] - plain
+            lines.append(
+                f"- n = {n:,}, `privacy: {privacy}`, `sampling: {sampling}`, against no "
+                f"privacy and uniform sampling: driver {1024 * more['driver_peak_gb']:+.0f} "
+                f"MB, actors {1024 * more['actors_peak_gb']:+.0f} MB, all processes "
+                f"{1024 * more['all_processes_gb']:+.0f} MB "
+                f"({100 * more['all_processes_gb'] / plain['all_processes_gb']:+.1f}%)."
+            )
+    return lines
+
+
 def _gemm_peaks(frame: pd.DataFrame) -> pd.Series:
     """The run's measured matrix-product FLOP/s, by threads (ascending)."""
     gemm = frame[frame["kind"] == "gemm"].sort_values("threads")
@@ -856,6 +891,7 @@ SECTIONS: dict[str, Callable[[], Fills]] = {
     "breakdown_fixed": breakdown_fixed_section,
     "spans": spans_section,
     "scale": scale_section,
+    "scale_privacy": scale_privacy_section,
     "convolutions": convolutions_section,
     "versus": versus_section,
     "flower": flower_section,

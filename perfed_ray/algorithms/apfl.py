@@ -37,6 +37,10 @@ follow the paper:
   every step, with no regulariser.
 - Their v and w start each round on their own SGD optimisers with the schedule of their
   runs; here plain SGD of size beta, and v of a user's first round is that round's w.
+
+Under differential privacy (`privacy: central | local`) a user shares its copy w of the
+global model (its update, clipped and noised); its local model v and its mixing weight
+alpha stay on its actor.
 """
 
 from __future__ import annotations

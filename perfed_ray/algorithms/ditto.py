@@ -32,6 +32,10 @@ batches come from one generator per user that runs through reshuffled passes of 
 data across rounds, ours are drawn afresh each round from the user's own stream; and
 they score pooled accuracy (correct answers over all users' test samples,
 `pooled_accuracy`) where PROTOCOL.md averages over users.
+
+Under differential privacy (`privacy: central | local`) a user shares its copy of the
+global model alone (its update from w^t, clipped and noised); its personal model v_k,
+trained on the same data, stays on its actor.
 """
 
 from __future__ import annotations

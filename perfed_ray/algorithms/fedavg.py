@@ -3,6 +3,10 @@
 client optimiser's steps: `client_optimizer`, e.g. SGD with momentum), the
 server's model the plain mean of the users' (Algorithm 1 with the rule of eq. (7)
 replaced by SGD), scored after one step of personalisation like every method.
+
+Under differential privacy (`privacy: central | local`) a user shares its whole model:
+its update from the server's, clipped to `privacy.clip` (and noised, by the server on the
+sum or by the user itself); the personalisation step of its evaluation stays with it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ Personalization via Model Agnostic Meta Learning", 2019), FL-bench's "FedAvg-FT"
 Training is FedAvg's exactly (same batches for one seed). One personalisation step
 is `fedavg-ft.finetune_steps` SGD steps of size alpha, each on a fresh batch of the user's
 training shard; with `finetune_steps: 1` the method is the paper's "FedAvg + update".
+
+Under differential privacy (`privacy: central | local`) a user shares what FedAvg's
+does, its whole model's update, clipped and noised; its fine-tuning steps at evaluation
+stay with it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ Where this differs from the paper or the authors' code:
 - Stragglers. FedProx lets a straggler send a partial solution (the authors' code gives
   it a random number of epochs below E); here `stragglers` drops a late user's update,
   as the paper's FedAvg baseline does.
+
+Under differential privacy (`privacy: central | local`) a user shares its whole model
+after its proximal steps, as FedAvg's do (its update from w^t, clipped and noised);
+nothing else is kept.
 """
 
 from __future__ import annotations

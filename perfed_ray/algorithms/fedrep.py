@@ -55,6 +55,11 @@ known, and a step differentiates only that part: a head step then backpropagates
 through the head alone, a third of a full step's arithmetic for the authors' CNN,
 whose 10 head epochs are ten elevenths of a round. The numbers are the same either
 way (the engines' tests compare the two).
+
+Under differential privacy (`privacy: central | local`) a user shares its body alone
+(`shared`): the body's update is clipped and noised, and its head never leaves its
+actor, so the server's head stays w_0's (and `fedrep.head_start: global` starts a
+newcomer's head there too).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ with `trained_users: all`, the baseline as its papers run it (every user trainin
 its own data throughout); it is the user's per-user state, kept on the actor that
 hosts the user. The server ignores what users send. A user's personalisation starts
 from its own model; a user that never trained (an unseen one) starts from w_0.
+
+It shares nothing: the server's model never moves (`fixed_server`), so `privacy:
+central | local` is refused with one line (there is nothing to privatise) and its runs
+take `privacy: none`.
 """
 
 from __future__ import annotations

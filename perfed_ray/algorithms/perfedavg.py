@@ -6,6 +6,11 @@ D, D', D''. Exact Per-FedAvg's direction is the stochastic gradient of the
 meta-function ``F_i(w) = f_i(w - alpha grad f_i(w))``, eq. (8):
 ``(I - alpha H(w; D'')) grad f(w~; D')``, ``w~ = w - alpha grad f(w; D)``. The FO and HF
 variants replace its Hessian-vector product as in Section 5 and Appendix H.
+
+Under differential privacy (`privacy: central | local`) a user shares the whole
+meta-model w after its tau steps: its update from the server's, clipped to
+`privacy.clip` and noised; the inner steps ``w - alpha grad f(w)`` of training and the
+personalisation of its evaluation use its data but never leave it.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ under which a user's theta dates from the last round it was sampled in. The auth
 users' test samples together (correct answers / test samples), at the best round,
 averaged over runs; this project's headline is the unweighted mean over users of a
 personalised model's accuracy at the final round (`perfed_ray.analysis` computes both).
+
+Under differential privacy (`privacy: central | local`) a user shares its local model w
+(the local models' contribution to the server: its update from the global model, clipped
+and noised), and the server's mix by beta_s acts on the private aggregate; theta, the
+personalised model, stays on the user's actor.
 """
 
 from __future__ import annotations
