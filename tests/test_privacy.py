@@ -278,3 +278,26 @@ def test_state_extra_survives_as_the_checkpoint_keeps_it():
         1, state, np.tile(state.weights, 10).reshape(10, -1).sum(0), 10.0, stats={"unclipped": 10.0}
     )
     assert isinstance(new, ServerState) and new.extra[CLIP][0] < 1.0
+
+
+def test_with_per_layer_clipping_a_user_is_unclipped_only_if_no_tensor_was():
+    """Adaptive clipping steers the fraction of users the bound left whole: per tensor,
+    one tensor over its share of the bound makes the user clipped, even when the whole
+    update is shorter than the bound."""
+    server = {"a": torch.zeros(4), "b": torch.zeros(4)}
+    models = {"a": torch.tensor([[0.9, 0, 0, 0], [0.1, 0, 0, 0]]), "b": torch.zeros(2, 4)}
+    step = ClipUpdates(1.0, ("a", "b"), per_layer=True, count_unclipped=True)
+    # user 0's whole update (0.9) is under 1, its tensor a over 1/sqrt(2)
+    assert step.statistics(server, models, [0, 1]) == {"unclipped": 1.0}
+
+
+def test_a_strategy_that_weighs_users_itself_is_refused_under_privacy(tmp_path, monkeypatch):
+    (tmp_path / "weighing.py").write_text(
+        "from perfed_ray.strategy import Strategy\n\n\n"
+        "class BySize(Strategy):\n    def weight(self, n_train):\n        return float(n_train)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    values = {**BASE, "strategy": "weighing:BySize", "privacy.noise_multiplier": 1.0}
+    from_mapping(values)  # without privacy, its own weights are its business
+    with pytest.raises(ConfigError, match=r"keep Strategy\.weight under privacy"):
+        from_mapping({**values, "privacy": "central"})

@@ -8,6 +8,7 @@ from __future__ import annotations
 from perfed_ray.config.schema import CORE
 from perfed_ray.config.sections import declared, registered_sections
 from perfed_ray.markdown import table
+from perfed_ray.registry import REGISTRIES
 
 
 def reference() -> list[tuple[str, str, str, str]]:
@@ -16,9 +17,11 @@ def reference() -> list[tuple[str, str, str, str]]:
     docs' configuration reference (docs/reference/configuration.md) and `keys`."""
     rows = [(k, s.shown_default(), s.describe(k), s.help) for k, s in CORE.items()]
     for section, (key, name) in registered_sections().items():
+        # a section a whole registry shares (privacy) is every component's, not one's
+        owner = key if REGISTRIES[key].section else f"{key} {name}"
         for setting, s in declared(key, name).items():
             dotted = f"{section}.{setting}"
-            rows.append((dotted, s.shown_default(), s.describe(dotted), f"{key} {name}: {s.help}"))
+            rows.append((dotted, s.shown_default(), s.describe(dotted), f"{owner}: {s.help}"))
     return rows
 
 

@@ -93,3 +93,10 @@ def check(cfg: RunConfig) -> None:
     if cfg.privacy != "none":
         mechanism = REGISTRIES["privacy"].load(cfg.privacy)
         mechanism.validate(mechanism.HParams.of(cfg), method.fixed_server)
+        strategies = REGISTRIES["strategy"]
+        if strategies.load(cfg.strategy).weight is not strategies.load("uniform").weight:
+            raise ConfigError(
+                f"strategy = {cfg.strategy!r} weighs users by its own weight(), which "
+                f"privacy = {cfg.privacy} cannot bound (it assumes each user counts once): "
+                f"keep Strategy.weight under privacy"
+            )

@@ -60,9 +60,11 @@ class ClipUpdates(UserPostprocessor):
     def statistics(self, server: Params, models: Params, users: list[int]) -> dict[str, float]:
         if not self.count_unclipped:
             return {}
-        updates = self._updates(server, models)
-        norms = sum(_norms(u) ** 2 for u in updates.values()).sqrt()
-        return {"unclipped": float((norms <= self.bound).sum())}
+        scales = self._scales(self._updates(server, models))
+        # a user is unclipped when no part of its update was scaled down (per tensor,
+        # with per_layer): the fraction adaptive clipping steers towards its quantile
+        whole = torch.stack([s >= 1.0 for s in scales.values()]).all(0)
+        return {"unclipped": float(whole.sum())}
 
     def clipped(self, server: Params, models: Params) -> dict[str, torch.Tensor]:
         """The users' clipped shared updates, each leaf stacked along the user axis."""

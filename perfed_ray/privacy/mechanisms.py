@@ -64,7 +64,12 @@ SETTINGS: dict[str, Setting] = {
         auto=True,
         word="none",
     ),
-    "delta": Setting(1e-5, "delta of (epsilon, delta)-DP; below 1/n_users", low=0, low_open=True),
+    "delta": Setting(
+        1e-5,
+        "delta of (epsilon, delta)-DP (usually well below 1/n_users)",
+        low=0,
+        low_open=True,
+    ),
     "clip": Setting(
         1.0,
         "the L2 norm bound of a user's update (the start, with adaptive_clip)",
@@ -82,7 +87,7 @@ SETTINGS: dict[str, Setting] = {
     "accountant": Setting(
         "rdp",
         "how epsilon is accounted (dp-accounting): Renyi DP, or privacy loss "
-        "distributions (tighter; Poisson sampling only)",
+        "distributions (tighter; central DP needs sampling: poisson for it)",
         choices=("rdp", "pld"),
     ),
     "per_layer": Setting(
