@@ -200,9 +200,10 @@ def test_local_and_central_together_is_refused():
 
 
 def test_an_auto_noise_multiplier_is_the_accountants_calibration_for_the_run():
-    cfg = from_mapping({**BASE, "privacy": "central", "privacy.epsilon": 2.0, "rounds": 30})
+    values = {**BASE, "privacy": "central", "privacy.epsilon": 2.0, "rounds": 30}
+    cfg = from_mapping({**values, "sampling": "poisson"})
     z = resolve(cfg).section("privacy")["noise_multiplier"]
-    plan = accounting.Plan("central", "fixed", 40, 10, 1e-5, "rdp")
+    plan = accounting.Plan("central", "poisson", 40, 10.0, 1e-5, "rdp")
     assert z == accounting.noise_multiplier(plan, 2.0, 30)
     assert accounting.epsilon(plan, z, 30) <= 2.0 < accounting.epsilon(plan, 0.99 * z, 30)
     assert isinstance(CentralGaussian(resolve(cfg)).noise_multiplier, float)
