@@ -253,6 +253,26 @@ def run_cells(cells: list[Cell], out: Path, jobs: int) -> int:
     return failures
 
 
+def run_cells_in_process(cells: list[Cell], out: Path, jobs: int = 1) -> int:
+    """`run_cells` with each cell's `perfed-ray run` called in this process, one after
+    another (`jobs` is ignored), on one Ray: a grid of many short runs, whose fixed cost
+    a process per cell (Python, torch and Ray started again) would dominate, and the
+    tests of scripts built on the runner, on the session's Ray. Returns how many cells
+    exited with an error; a cell's state is read again as it starts, as above."""
+    from perfed_ray.cli import main as cli
+
+    failures = 0
+    for i, cell in enumerate(cells):
+        how, run_id = state(cell, read_runs(out))
+        if how == "done":
+            continue
+        print(f"start [{i + 1}/{len(cells)}] {how}: {cell.name()}", flush=True)
+        code = cli(command(cell, out, how, run_id)[3:])  # after `python -m perfed_ray.cli`
+        failures += code != 0
+        print(f"end   [{i + 1}/{len(cells)}] exit {code}: {cell.name()}", flush=True)
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
