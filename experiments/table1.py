@@ -131,9 +131,20 @@ def grid(
     return cells
 
 
+# `auto` values a run writes into its configuration as the number it resolved them to,
+# a function of the other values (the noise multiplier: of the budget, delta, rounds and
+# sampling): a cell leaving one `auto` matches a run by the others.
+RESOLVED = ("privacy.noise_multiplier",)
+
+
 def identity(cfg: configuration.RunConfig) -> dict[str, object]:
-    """The configuration values that change a run's numbers (`auto` paper_a resolved)."""
-    values = {k: v for k, v in cfg.to_dict().items() if k not in MECHANICS}
+    """The configuration values that change a run's numbers (`auto` paper_a resolved;
+    RESOLVED keys left `auto` out)."""
+    values = {
+        k: v
+        for k, v in cfg.to_dict().items()
+        if k not in MECHANICS and not (k in RESOLVED and v is None)
+    }
     if values["paper_a"] is None:
         values["paper_a"] = paper_a(cfg.dataset)
     return values
@@ -207,6 +218,17 @@ def forecast(cells: Iterable[Cell], measured: pd.DataFrame) -> str:
         return hours
     rest = f"{unknown} of unknown length (local epochs no finished run here has)"
     return f"{hours}, plus {rest}" if priced else rest
+
+
+def plan(cells: Iterable[Cell], runs: pd.DataFrame, noun: str = "cells") -> list[Cell]:
+    """Print each cell's state and the forecast of those to run, and return them: the
+    plan the scripts built on this runner show (and stop at, with --dry-run)."""
+    states = [(cell, *state(cell, runs)) for cell in cells]
+    todo = [cell for cell, how, _ in states if how != "done"]
+    for cell, how, run_id in states:
+        print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
+    print(f"{len(states)} {noun}, {len(todo)} to run: {forecast(todo, timings(runs))}")
+    return todo
 
 
 def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
