@@ -89,16 +89,24 @@ def across_seeds(rows: pd.DataFrame) -> pd.DataFrame:
 
 def spent(out: str | Path) -> pd.DataFrame:
     """Per budget: the largest epsilon the accountant reports spent after a run's last
-    round, over the runs given that budget."""
+    round over the runs given that budget (`spent`), and the noise multiplier z they
+    ran with (`z`, the largest: one value per budget unless delta or the rounds
+    differ)."""
     runs = read_runs(out)
     rounds = read_table(out, ROUNDS)
     if rounds.empty or "epsilon" not in rounds:
-        return pd.DataFrame(columns=["budget", "spent"])
-    last = rounds.sort_values("round").groupby("run_id", observed=True).tail(1)
-    last = last[["run_id", "epsilon"]].merge(
-        runs.assign(budget=runs.apply(budget, axis=1))[["run_id", "budget"]], on="run_id"
+        return pd.DataFrame(columns=["budget", "spent", "z"])
+    runs = runs.assign(
+        budget=runs.apply(budget, axis=1),
+        z=runs.get("privacy.noise_multiplier", pd.Series(float("nan"), index=runs.index)),
     )
-    return last.groupby("budget")["epsilon"].max().rename("spent").reset_index()
+    last = rounds.sort_values("round").groupby("run_id", observed=True).tail(1)
+    last = last[["run_id", "epsilon"]].merge(runs[["run_id", "budget", "z"]], on="run_id")
+    return (
+        last.groupby("budget")
+        .agg(spent=("epsilon", "max"), z=("z", "max"))
+        .reset_index()[["budget", "spent", "z"]]
+    )
 
 
 def timing(out: str | Path) -> pd.DataFrame:
@@ -130,14 +138,21 @@ def _cell(stats: pd.DataFrame, method: str, budget_: str, unseen: bool) -> str:
 
 
 def privacy_markdown(out: str | Path, steps: int = 1) -> str:
-    """The report: for seen and for unseen users, a table of methods against budgets."""
+    """The report: for seen and for unseen users, a table of methods against budgets,
+    after `steps` personalisation steps and before any (0 steps: the global model of
+    FedAvg and Per-FedAvg, the personal ones of the others), so that what personalising
+    recovers of what privacy costs can be read off."""
     stats = across_seeds(per_run_accuracy(out, steps))
     budgets = _columns(set(stats["budget"]))
     methods = _order(set(stats["method"]))
     names = {NONE: "no privacy", CLIP: "clip only (z = 0)"}
     header = [names.get(b, f"ε = {b}") for b in budgets]
-    used = dict(spent(out).itertuples(index=False))
-    spent_row = [f"{used[b]:.3g}" if b in used else "-" for b in budgets]
+    used = {row.budget: row for row in spent(out).itertuples(index=False)}
+    spent_row = [
+        (f"{used[b].spent:.3g}" if b in used else "-")
+        + (f" (z = {used[b].z:.3g})" if b in used and not pd.isna(used[b].z) else "")
+        for b in budgets
+    ]
     seeds = int(stats["seeds"].max())
     lines = [
         "# Privacy against utility: personalised accuracy by privacy budget",
@@ -156,14 +171,17 @@ def privacy_markdown(out: str | Path, steps: int = 1) -> str:
             else ""
         ),
         "",
-        "ε spent after the last round (the accountant's, largest over runs): "
+        "ε spent after the last round (the accountant's, largest over runs) and the "
+        "noise multiplier z: "
         + ", ".join(f"{h}: {s}" for h, s in zip(header, spent_row, strict=True)),
         "",
     ]
-    for unseen in (False, True):
-        rows = [[m, *(_cell(stats, m, b, unseen) for b in budgets)] for m in methods]
-        title = f"## {'Unseen' if unseen else 'Seen'} users"
-        lines += [title, "", table(["method", *header], rows), ""]
+    before = across_seeds(per_run_accuracy(out, 0))  # the models as they are
+    for frame, suffix in ((stats, ""), (before, ", before personalisation (0 steps)")):
+        for unseen in (False, True):
+            rows = [[m, *(_cell(frame, m, b, unseen) for b in budgets)] for m in methods]
+            title = f"## {'Unseen' if unseen else 'Seen'} users{suffix}"
+            lines += [title, "", table(["method", *header], rows), ""]
     times = timing(out)
     lines += [
         "## Time",
