@@ -26,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from table1 import Cell, forecast, run_cells, state, timings
+from table1 import Cell, plan, run_cells
 
 from perfed_ray.analysis import read_runs
 from perfed_ray.config import flatten
@@ -100,22 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             f"error: settings {sorted(set(args.settings) - known)} not in {args.configs}"
         )
-    runs = read_runs(args.out)
-    plan = [
-        (cell, *state(cell, runs))
-        for cell in grid(
-            args.configs,
-            args.seeds,
-            args.methods,
-            tuple(args.set),
-            set(args.settings),
-            protocol(args.protocol),
-        )
-    ]
-    todo = [cell for cell, how, _ in plan if how != "done"]
-    for cell, how, run_id in plan:
-        print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
-    print(f"{len(plan)} cells, {len(todo)} to run: {forecast(todo, timings(runs))}")
+    cells = grid(
+        args.configs,
+        args.seeds,
+        args.methods,
+        tuple(args.set),
+        set(args.settings),
+        protocol(args.protocol),
+    )
+    todo = plan(cells, read_runs(args.out))
     if args.dry_run:
         return 0
     failures = run_cells(todo, args.out, args.jobs)

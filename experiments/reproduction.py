@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from table1 import Cell, forecast, run_cells, state, timings
+from table1 import Cell, plan, run_cells
 
 from perfed_ray.analysis import (
     best_round,
@@ -191,15 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(args.entries) - set(facts):
         raise SystemExit(f"error: no entries {sorted(set(args.entries) - set(facts))}")
     if not args.report_only:
-        runs = read_runs(args.out / "runs")
-        plan = [
-            (cell, *state(cell, runs))
-            for cell in cells(args.configs, list(facts), args.seeds, tuple(args.set))
-        ]
-        todo = [cell for cell, how, _ in plan if how != "done"]
-        for cell, how, run_id in plan:
-            print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
-        print(f"{len(plan)} runs, {len(todo)} to run: {forecast(todo, timings(runs))}")
+        grid = cells(args.configs, list(facts), args.seeds, tuple(args.set))
+        todo = plan(grid, read_runs(args.out / "runs"), "runs")
         if args.dry_run:
             return 0
         failures = run_cells(todo, args.out / "runs", args.jobs)

@@ -131,9 +131,20 @@ def grid(
     return cells
 
 
+# `auto` values a run writes into its configuration as the number it resolved them to,
+# a function of the other values (the noise multiplier: of the budget, delta, rounds and
+# sampling): a cell leaving one `auto` matches a run by the others.
+RESOLVED = ("privacy.noise_multiplier",)
+
+
 def identity(cfg: configuration.RunConfig) -> dict[str, object]:
-    """The configuration values that change a run's numbers (`auto` paper_a resolved)."""
-    values = {k: v for k, v in cfg.to_dict().items() if k not in MECHANICS}
+    """The configuration values that change a run's numbers (`auto` paper_a resolved;
+    RESOLVED keys left `auto` out)."""
+    values = {
+        k: v
+        for k, v in cfg.to_dict().items()
+        if k not in MECHANICS and not (k in RESOLVED and v is None)
+    }
     if values["paper_a"] is None:
         values["paper_a"] = paper_a(cfg.dataset)
     return values
@@ -209,6 +220,17 @@ def forecast(cells: Iterable[Cell], measured: pd.DataFrame) -> str:
     return f"{hours}, plus {rest}" if priced else rest
 
 
+def plan(cells: Iterable[Cell], runs: pd.DataFrame, noun: str = "cells") -> list[Cell]:
+    """Print each cell's state and the forecast of those to run, and return them: the
+    plan the scripts built on this runner show (and stop at, with --dry-run)."""
+    states = [(cell, *state(cell, runs)) for cell in cells]
+    todo = [cell for cell, how, _ in states if how != "done"]
+    for cell, how, run_id in states:
+        print(f"{how:6} {cell.name()}" + (f" ({run_id})" if run_id else ""))
+    print(f"{len(states)} {noun}, {len(todo)} to run: {forecast(todo, timings(runs))}")
+    return todo
+
+
 def command(cell: Cell, out: Path, how: str, run_id: str | None) -> list[str]:
     cli = [sys.executable, "-m", "perfed_ray.cli", "run"]
     if how == "resume":
@@ -250,6 +272,26 @@ def run_cells(cells: list[Cell], out: Path, jobs: int) -> int:
             print(
                 f"end   [{i + 1}/{len(cells)}] exit {process.returncode}: {cell.name()}", flush=True
             )
+    return failures
+
+
+def run_cells_in_process(cells: list[Cell], out: Path, jobs: int = 1) -> int:
+    """`run_cells` with each cell's `perfed-ray run` called in this process, one after
+    another (`jobs` is ignored), on one Ray: a grid of many short runs, whose fixed cost
+    a process per cell (Python, torch and Ray started again) would dominate, and the
+    tests of scripts built on the runner, on the session's Ray. Returns how many cells
+    exited with an error; a cell's state is read again as it starts, as above."""
+    from perfed_ray.cli import main as cli
+
+    failures = 0
+    for i, cell in enumerate(cells):
+        how, run_id = state(cell, read_runs(out))
+        if how == "done":
+            continue
+        print(f"start [{i + 1}/{len(cells)}] {how}: {cell.name()}", flush=True)
+        code = cli(command(cell, out, how, run_id)[3:])  # after `python -m perfed_ray.cli`
+        failures += code != 0
+        print(f"end   [{i + 1}/{len(cells)}] exit {code}: {cell.name()}", flush=True)
     return failures
 
 

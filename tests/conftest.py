@@ -107,19 +107,12 @@ def experiment_script(name: str) -> Iterator[ModuleType]:
 
 def run_cells_here(cells: list, out: Path, jobs: int) -> int:
     """experiments/table1.py's `run_cells` with each cell's `perfed-ray run` called in
-    this process, on the session's Ray: for the scripts built on it, whose tests are of
-    their grids and tables (a process per cell is test_table1_script's)."""
-    from table1 import command, state
+    this process, on the session's Ray (its `run_cells_in_process`): for the scripts
+    built on it, whose tests are of their grids and tables (a process per cell is
+    test_table1_script's)."""
+    from table1 import run_cells_in_process
 
-    from perfed_ray.analysis import read_runs
-    from perfed_ray.cli import main
-
-    failures = 0
-    for cell in cells:
-        how, run_id = state(cell, read_runs(out))
-        if how != "done":
-            failures += main(command(cell, out, how, run_id)[3:]) != 0  # after `python -m x`
-    return failures
+    return run_cells_in_process(cells, out, jobs)
 
 
 def run_cli(
