@@ -35,7 +35,7 @@ from pfl import pfl_python  # noqa: E402  (experiments/bench/pfl.py)
 
 # dp-accounting logs each RDP order it cannot evaluate and leaves out (at q = 0.1 and
 # z near 1, orders 1.1-1.6, hundreds of lines a calibration); epsilon stays an upper bound.
-OUT = HERE.parent / "results" / "privacy"
+OUT = HERE.parent / "results" / "privacy-accountants"  # not privacy/: a results folder
 POPULATION = 10_000  # the rate is what both accountants see; q * population users a round
 GRID = {"epsilon": [1, 2, 4, 8], "delta": [1e-5], "q": [0.01, 0.1], "rounds": [100, 1000]}
 SMOKE = {"epsilon": [2], "delta": [1e-5], "q": [0.1], "rounds": [10]}

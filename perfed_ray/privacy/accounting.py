@@ -33,7 +33,7 @@ Canonne, Kamath and Steinke 2020). PLD uses a value discretisation interval of 1
 defaults). pfl and dp-accounting default to 1e-4; 1e-3 adds about 0.001 to epsilon
 after 1,000 rounds (0.13% at epsilon 1; still an upper bound: a coarser pessimistic
 PLD only rounds up), moves calibrated noise multipliers by at most 0.12% from pfl's
-(experiments/results/privacy/accountants.md) and is about 8 times faster, which the
+(experiments/results/privacy-accountants/accountants.md) and is about 8 times faster, which the
 per-round `epsilons` of a 1,000-round run need. RDP's epsilon for k
 rounds is one round's RDP curve times k (the accountant's own arithmetic, so
 `epsilons` and `epsilon` agree bit for bit); PLD's is the one-round PLD self-composed
