@@ -305,8 +305,8 @@ def digits(frame: pd.DataFrame, columns: list[str], fmt: str = ".5g") -> pd.Data
     return frame.assign(**{c: [format(v, fmt) for v in frame[c]] for c in columns})
 
 
-def dp_summary(table: pd.DataFrame, cfg: RunConfig, command: str) -> str:
-    """pfl-dp.md: the command, the settings, each run's noise multiplier, epsilon,
+def dp_summary(table: pd.DataFrame, cfg: RunConfig, command: list[str]) -> str:
+    """pfl-dp.md: the commands that made it, the settings, each run's noise multiplier, epsilon,
     accuracy and seconds, the mean per tool, the reference noise and what differs."""
     private = cfg.section("privacy")
     clip, cohort = private["clip"], cfg.users_per_round
@@ -341,7 +341,7 @@ def dp_summary(table: pd.DataFrame, cfg: RunConfig, command: str) -> str:
         [
             "# pfl-research's CIFAR-10 central-DP benchmark, small, on both sides",
             "",
-            f"    {command}",
+            *[f"    {line}" for line in command],
             "",
             f"{cfg.n_users} IID users of CIFAR-10's training images, {cohort} a round, "
             f"{cfg.rounds} rounds of FedAvg (pfl-cifar10.yaml); central DP at epsilon "
@@ -374,7 +374,13 @@ def dp_summary(table: pd.DataFrame, cfg: RunConfig, command: str) -> str:
     )
 
 
-def summarise(out: Path, command: str, cfg: RunConfig | None = None) -> None:
+def commands(out: Path) -> list[str]:
+    """The commands on top of OUT/pfl-dp.md: its indented lines after the title."""
+    lines = (out / "pfl-dp.md").read_text().splitlines()[2:]
+    return [line.strip() for line in lines[: lines.index("")]]
+
+
+def summarise(out: Path, command: list[str], cfg: RunConfig | None = None) -> None:
     """Write and print OUT/pfl-dp.md from OUT/pfl-dp.parquet; `cfg`, the runs'
     configuration, by default the workload's at the runs' rounds (not --set's)."""
     table = pd.read_parquet(out / "pfl-dp.parquet")
@@ -405,7 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--summary-only",
         action="store_true",
-        help="rewrite OUT/pfl-dp.md from OUT/pfl-dp.parquet, keeping the command on its top",
+        help="rewrite OUT/pfl-dp.md from OUT/pfl-dp.parquet, keeping the commands on its top",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add cifar10-dp's runs to OUT/pfl-dp.parquet's (runs in parallel, one a seed)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -415,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
             "docstring says, or name it with --pfl-python or $PERFED_PFL_PYTHON"
         )
     if args.summary_only:
-        summarise(args.out, (args.out / "pfl-dp.md").read_text().splitlines()[2].strip())
+        summarise(args.out, commands(args.out))
         return 0
     if args.smoke:
         args.rounds, args.pairs = 2, 1
@@ -453,10 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     if (~private).any():
         publish([r for r in rows if r["workload"] != DP_WORKLOAD], "pfl", args.out)
     if private.any():
-        save([r for r in rows if r["workload"] == DP_WORKLOAD], "pfl-dp", args.out)
+        mine = [r for r in rows if r["workload"] == DP_WORKLOAD]
+        before = args.out / "pfl-dp.parquet"
+        earlier = args.append and before.exists()
+        previous = pd.read_parquet(before).to_dict("records") if earlier else []
+        save([*previous, *mine], "pfl-dp", args.out)
         script = Path(sys.argv[0]).resolve()
         shown = script.relative_to(HERE.parents[1]) if script.is_relative_to(HERE) else script
-        summarise(args.out, " ".join(["python", str(shown), *sys.argv[1:]]), made[DP_WORKLOAD])
+        command = " ".join(["python", str(shown), *sys.argv[1:]])
+        summarise(args.out, [*(commands(args.out) if earlier else []), command], made[DP_WORKLOAD])
     return 0
 
 
