@@ -4,7 +4,8 @@
     /work/pfl-env/bin/pip install 'pfl[pytorch]==0.6.0'      # never perfed-ray's
     python experiments/bench/pfl.py [--pairs 2] [--rounds N] [--workloads cifar10 mnist]
     python experiments/bench/pfl.py --smoke --out /tmp/bench   # tests: 2 rounds, few users
-    python experiments/bench/pfl.py --workloads cifar10-dp --pairs 1 --seeds 0 1
+    python experiments/bench/pfl.py --workloads cifar10-dp --pairs 1 --seeds 0 \
+        --pfl-threads 1 --append     # and at once the same with --seeds 1
 
 `--set KEY=VALUE` adds perfed-ray settings to both workloads (pfl's flags are read from
 the same configuration, so a shared setting such as batch_size moves both sides).
@@ -350,7 +351,9 @@ def dp_summary(table: pd.DataFrame, cfg: RunConfig, command: list[str]) -> str:
             f"`gaussian_moments_accountant` at population {cfg.n_users}, noise_cohort_size "
             f"{cohort}. `deviation_on_mean`: the noise's standard deviation per parameter "
             "on the released mean update. For pfl, `epsilon` is its accountant's target; "
-            f"for perfed-ray, what its rounds table says it spent. {_machine(table)}",
+            f"for perfed-ray, what its rounds table says it spent. {_machine(table)} The "
+            "seconds are a shared machine's, runs with --append side by side: not a speed "
+            "comparison (BENCHMARKS.md's pfl section is).",
             "",
             _markdown(digits(runs, ["noise_multiplier", "deviation_on_mean"])),
             "",
