@@ -19,8 +19,11 @@ from perfed_ray import timeline
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
 
-def _smoke(script: str, out: Path, *more: str) -> tuple[pd.DataFrame, str]:
-    """Run a benchmark script's smoke setting into `out`; the rows it wrote, what it printed."""
+def _smoke(
+    script: str, out: Path, *more: str, table: str | None = None
+) -> tuple[pd.DataFrame, str]:
+    """Run a benchmark script's smoke setting into `out`; the rows it wrote (to
+    <table>.parquet, by default the script's name), what it printed."""
     done = subprocess.run(
         [sys.executable, str(BENCH / f"{script}.py"), "--smoke", "--out", str(out), *more],
         capture_output=True,
@@ -28,7 +31,7 @@ def _smoke(script: str, out: Path, *more: str) -> tuple[pd.DataFrame, str]:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return pd.read_parquet(out / f"{script}.parquet"), done.stdout
+    return pd.read_parquet(out / f"{table or script}.parquet"), done.stdout
 
 
 @pytest.mark.slow
@@ -216,19 +219,24 @@ def _assert_sides(rows: pd.DataFrame, other: str, whole: str, printed: str, titl
     assert values == [float(np.round(v, 2)) for v in expected]
 
 
+def _interpreter_or_skip(script: str, name: str) -> None:
+    """Skip where the other framework's own interpreter (`<script>_python()` of
+    experiments/bench/<script>.py) is not installed: never in perfed-ray's environment,
+    and CI has none."""
+    sys.path.insert(0, str(BENCH))
+    python = getattr(importlib.import_module(script), f"{script}_python")()
+    if python is None or not python.exists():
+        pytest.skip(
+            f"no {name} interpreter: set $PERFED_{script.upper()}_PYTHON or make "
+            f"/work/{script}-env (experiments/bench/{script}.py's docstring says how)"
+        )
+
+
 @pytest.mark.slow
 def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writes(tmp_path):
     """Its smoke test: 2 rounds of 10 users on each side, where Flower's own interpreter
     is installed (never in perfed-ray's environment: CI has none, and skips)."""
-    sys.path.insert(0, str(BENCH))
-    from flower import flower_python
-
-    python = flower_python()
-    if python is None or not python.exists():
-        pytest.skip(
-            "no Flower interpreter: set $PERFED_FLOWER_PYTHON or make /work/flower-env "
-            "(experiments/bench/flower.py's docstring says how)"
-        )
+    _interpreter_or_skip("flower", "Flower")
     rows, printed = _smoke("flower", tmp_path)
     rows = rows.set_index("tool")
     assert (rows["rounds"] == 2).all() and (rows["n_users"] == 10).all()
@@ -253,15 +261,7 @@ def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writ
 def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
     """Its smoke test: 2 rounds of a few users on each side, where pfl's own interpreter
     is installed (never in perfed-ray's environment: CI has none, and skips)."""
-    sys.path.insert(0, str(BENCH))
-    from pfl import pfl_python
-
-    python = pfl_python()
-    if python is None or not python.exists():
-        pytest.skip(
-            "no pfl-research interpreter: set $PERFED_PFL_PYTHON or make /work/pfl-env "
-            "(experiments/bench/pfl.py's docstring says how)"
-        )
+    _interpreter_or_skip("pfl", "pfl-research")
     rows, printed = _smoke("pfl", tmp_path, "--workloads", workload)
     rows = rows.set_index("tool")
     assert set(rows.index) == {"perfed-ray", "pfl"} and set(rows["workload"]) == {workload}
@@ -276,6 +276,35 @@ def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
     # start near ln 10 = 2.30 and two rounds leave both there, not diverged.
     assert np.allclose(rows["final_test_loss"], 2.3, atol=0.3)
     assert rows.loc["pfl", "pfl"]
+
+
+@pytest.mark.slow
+def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(tmp_path):
+    """The cifar10-dp smoke: 2 rounds of 4 users of 1,000 at epsilon 8 on each side. pfl's
+    own accountant and perfed-ray's, each bisecting z, find the noise that dp-accounting's
+    PLD (asked here directly) says spends epsilon 8 at q = 4 / 1,000 over 2 rounds."""
+    _interpreter_or_skip("pfl", "pfl-research")
+    from dp_accounting import pld
+
+    rows, _ = _smoke("pfl", tmp_path, "--workloads", "cifar10-dp", table="pfl-dp")
+    assert not (tmp_path / "pfl.parquet").exists()  # the speed table is left alone
+    rows = rows.set_index("tool")
+    assert rows.index.tolist() == ["perfed-ray", "pfl"]
+    assert rows.loc["pfl", "sampling_probability"] == 4 / 1000  # cohort / population
+    assert rows.loc["pfl", "cohort_noise_multiplier"] == rows.loc["pfl", "noise_multiplier"]
+    z = rows["noise_multiplier"]
+    assert z.loc["pfl"] == pytest.approx(z.loc["perfed-ray"], rel=2e-3)  # pfl's rtol 1e-3
+    for noise in z:
+        one = pld.privacy_loss_distribution.from_gaussian_mechanism(
+            noise, sampling_prob=4 / 1000, value_discretization_interval=1e-4
+        )
+        assert one.self_compose(2).get_epsilon_for_delta(1e-6) == pytest.approx(8, rel=1e-2)
+    assert rows.loc["perfed-ray", "epsilon"] == pytest.approx(8, rel=1e-3)
+    # Two rounds from ln 10 = 2.30, noised (at z ~ 0.36 on 4 users) but not diverged.
+    assert rows["final_test_loss"].between(2.0, 3.3).all()
+    summary = (tmp_path / "pfl-dp.md").read_text()
+    assert "--workloads cifar10-dp" in summary.splitlines()[2]  # the command on top
+    assert f"{z.loc['pfl']:.5g}" in summary and f"{z.loc['perfed-ray']:.5g}" in summary
 
 
 def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_results(

@@ -4,7 +4,8 @@ perfed-ray.
 
     /work/pfl-env/bin/python -P experiments/bench/pfl_side.py --users USERS.npz \
         --model simple_cnn --rounds 100 --cohort 50 --epochs 1 --batch-size 10 \
-        --lr 0.1 --central-lr 1.0 --eval-every 10 --out T.json
+        --lr 0.1 --central-lr 1.0 --eval-every 10 [--epsilon 8 --delta 1e-6 --clip 0.4] \
+        --out T.json
 
 (-P keeps this folder off the module path: its pfl.py would hide the pfl package.)
 
@@ -30,10 +31,26 @@ they are drawn here, as perfed-ray draws its batches at random), and central
 evaluation on all users' test samples (`CentralEvaluationCallback`, batches of 10,000)
 before training, every `--eval-every` rounds, and once more on the final model.
 
+With --epsilon, central differential privacy as their benchmark's
+`central_privacy_mechanism: gaussian_moments_accountant` builds it
+(benchmarks/utils/argument_parsing.py, `parse_mechanism`, with train.py's arguments):
+a `PLDPrivacyAccountant` over `--rounds` compositions of the Gaussian mechanism at
+sampling probability max(cohort, noise cohort) / population, solved for the noise
+multiplier z that spends --epsilon at --delta (their binary search, relative tolerance
+1e-3), and `GaussianMechanism.from_privacy_accountant` with clipping bound --clip:
+each user's update is clipped to L2 norm --clip, and the server adds Gaussian noise
+of deviation z * noise_scale * clip to the sum (`CentrallyAppliedPrivacyMechanism`,
+after `WeightByUser`), noise_scale = cohort / noise cohort. Their train.py passes
+population 1e6 and noise_cohort_size 1000 (a deployment's cohort of 1,000 users of a
+million, whose noise is scaled down to 50 simulated users: noise_scale 0.05); here
+--population defaults to the users in USERS.npz and --noise-cohort to --cohort
+(noise_scale 1), the accounting of the run as simulated.
+
 Writes to --out each round's seconds (from the end of the previous round's callbacks to
 the start of this round's, so pfl's central evaluation, a callback, is not in it: user
 sampling, local training, weighting, aggregation and the server's step are), the final
-model's mean loss and accuracy on the test samples, and the versions.
+model's mean loss and accuracy on the test samples, the versions and, with --epsilon,
+the accountant's noise multiplier, sampling probability and seconds to calibrate.
 """
 
 from __future__ import annotations
@@ -58,6 +75,11 @@ from pfl.data.sampling import get_user_sampler
 from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
 from pfl.metrics import Metrics, Weighted
 from pfl.model.pytorch import PyTorchModel
+from pfl.privacy import (
+    CentrallyAppliedPrivacyMechanism,
+    GaussianMechanism,
+    PLDPrivacyAccountant,
+)
 from torch import nn
 
 EVAL_BATCH = 10_000  # their central_eval_batch_size
@@ -163,6 +185,34 @@ def federated(train: dict, shuffle: bool) -> FederatedDataset:
     return FederatedDataset(make, get_user_sampler("random", list(train)))
 
 
+def central_privacy(
+    args: argparse.Namespace, population: float
+) -> tuple[CentrallyAppliedPrivacyMechanism, dict]:
+    """Their `gaussian_moments_accountant` (module doc) and what it computed."""
+    noise_cohort = args.noise_cohort or args.cohort
+    noise_scale = args.cohort / noise_cohort
+    start = time.perf_counter()
+    accountant = PLDPrivacyAccountant(
+        num_compositions=args.rounds,
+        sampling_probability=max(args.cohort, noise_cohort) / population,
+        mechanism="gaussian",
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise_scale=noise_scale,
+    )
+    facts = {
+        "noise_multiplier": float(accountant.noise_parameter),
+        "epsilon": float(accountant.epsilon),
+        "cohort_noise_multiplier": float(accountant.cohort_noise_parameter),
+        "sampling_probability": float(accountant.sampling_probability),
+        "accountant_population": float(population),
+        "noise_cohort": noise_cohort,
+        "calibration_seconds": time.perf_counter() - start,
+    }
+    mechanism = GaussianMechanism.from_privacy_accountant(accountant, args.clip)
+    return CentrallyAppliedPrivacyMechanism(mechanism), facts
+
+
 class RoundStart(TrainingProcessCallback):
     """Last of the callbacks: the next round starts when it returns."""
 
@@ -203,6 +253,13 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch's threads (default: torch's choice)")
+    parser.add_argument("--epsilon", type=float, help="central DP's budget (default: no DP)")
+    parser.add_argument("--delta", type=float, default=1e-6, help="their central_delta")
+    parser.add_argument("--clip", type=float, default=0.4, help="their clipping bound")
+    parser.add_argument("--population", type=float, help="the accountant's (default: users)")
+    parser.add_argument(
+        "--noise-cohort", type=int, help="their noise_cohort_size (default: cohort)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.threads:
@@ -213,6 +270,10 @@ def main() -> int:
     train, test, state = users(args.users)
     module = MODELS[args.model](state)
     module.load_state_dict(state)
+    postprocessors, privacy = [WeightByUser()], {}
+    if args.epsilon is not None:
+        mechanism, privacy = central_privacy(args, args.population or len(train))
+        postprocessors.append(mechanism)
     params = [p for p in module.parameters() if p.requires_grad]
     model = PyTorchModel(
         model=module,
@@ -222,7 +283,7 @@ def main() -> int:
     backend = SimulatedBackend(
         training_data=federated(train, shuffle=args.steps is not None),
         val_data=None,
-        postprocessors=[WeightByUser()],
+        postprocessors=postprocessors,
     )
     central = Dataset(
         (torch.cat([x for x, _ in test]), torch.cat([y for _, y in test])), user_id="central"
@@ -257,6 +318,7 @@ def main() -> int:
         "pfl": version("pfl"),
         "pfl_torch": torch.__version__,
         "pfl_threads": torch.get_num_threads(),
+        **privacy,
     }
     args.out.write_text(json.dumps(report))
     return 0
