@@ -13,6 +13,14 @@ from types import ModuleType
 
 import pytest
 
+# Torch's OpenMP threads (libgomp) spin between parallel regions, waiting for the next,
+# unless told to sleep: on 2 cores shared with the session's Ray actors (and, on a
+# developer's machine, with other work) the spinning takes the cores the work needs,
+# and in-process engine tests took 15-20 times as long (test_dropout's engine tests:
+# 88-106 s against 5.6 s at load average 4). Set before torch loads it; Ray's workers
+# and the commands the tests run inherit it. The numbers are the same either way.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from perfed_ray.data.datasets import resolve_root
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from perfed_ray import timeline
+from perfed_ray.engines import auto
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "bench"
 
@@ -34,6 +35,26 @@ def _smoke(
     return pd.read_parquet(out / f"{table or script}.parquet"), done.stdout
 
 
+def _script(name: str, monkeypatch) -> ModuleType:
+    """experiments/bench/<name>.py imported in this process, with its siblings."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module(name)
+
+
+def _smoke_here(script: str, out: Path, monkeypatch) -> pd.DataFrame:
+    """:func:`_smoke` in this process, on the session's Ray (the caller holds
+    `ray_session`), for the scripts whose tests are of the rows they write, not of a
+    process of their own; torch's thread count, which they set, is put back."""
+    module = _script(script, monkeypatch)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--smoke", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        module.main()
+    finally:
+        torch.set_num_threads(threads)
+    return pd.read_parquet(out / f"{script}.parquet")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "kinds"),
@@ -44,8 +65,12 @@ def _smoke(
         ("spans", None),
     ],
 )
-def test_benchmark_script_runs_and_writes_its_parquet(tmp_path, script, kinds):
-    rows, _ = _smoke(script, tmp_path)
+def test_benchmark_script_runs_and_writes_its_parquet(
+    ray_session, tmp_path, monkeypatch, script, kinds
+):
+    # convolutions.py points auto's cache at a folder of its own: put back after
+    monkeypatch.delenv(auto.CACHE_ENV, raising=False)
+    rows = _smoke_here(script, tmp_path, monkeypatch)
     assert len(rows) and {"cpu", "cores", "torch", "ray"} <= set(rows.columns)
     if kinds:
         assert set(rows["kind"]) == kinds
@@ -69,8 +94,10 @@ def test_the_step_overhead_script_times_every_mode_on_one_thread(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(tmp_path):
-    rows, _ = _smoke("gpu", tmp_path)
+def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(
+    ray_session, tmp_path, monkeypatch
+):
+    rows = _smoke_here("gpu", tmp_path, monkeypatch)
     assert set(rows["device"]) == {"cuda" if torch.cuda.is_available() else "cpu"}
     mnist, cnn = rows[rows["kind"] == "mnist"], rows[rows["kind"] == "cnn"]
     assert {"loop, one process", "fused, one process", "ray fused, default placement"} == set(
@@ -79,12 +106,6 @@ def test_the_gpu_benchmark_measures_every_mode_on_whatever_device_there_is(tmp_p
     assert (mnist["user_steps_per_second"] > 0).all() and set(mnist["users_per_round"]) == {4, 10}
     assert {"sequential", "vmap", "grouped"} == set(cnn["mode"])
     assert cnn.groupby("algorithm")["chosen"].sum().eq(1).all()  # auto picks one engine
-
-
-def _script(name: str, monkeypatch) -> ModuleType:
-    """experiments/bench/<name>.py imported in this process, with its siblings."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    return importlib.import_module(name)
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from test_engines import METHODS, _assert_close
+from test_engines import _expected as sequential_round
 from test_engines import _run as run
-from test_evaluation_engines import _assert_same, _scores
+from test_evaluation_engines import _assert_same, _scores, _vmaps
 from torch import nn
 
 from perfed_ray.dropout import round_masks, sites
@@ -60,13 +61,19 @@ def _run(name, values, engine, x, y, masks, steps=None):
     return run(name, values, engine, x, y, steps=steps, shape=IMAGE, masks=masks)
 
 
+def _expected(name, values, x, y, masks, steps=None):
+    """:func:`_run` on the sequential engine, made once for every engine compared with it."""
+    values = {"model": "simple_cnn", **values}
+    return sequential_round(name, values, x, y, steps=steps, shape=IMAGE, masks=masks)
+
+
 @pytest.mark.parametrize(("name", "values"), METHODS)
 @pytest.mark.parametrize("engine", ["vmap", "grouped"])
 def test_every_engine_applies_the_masks_as_the_sequential_engine(name, values, engine):
     x, y, masks = _work(users=3, tau=2)
-    expected = _run(name, values, "sequential", x, y, masks)
+    expected = _expected(name, values, x, y, masks)
     _assert_close(_run(name, values, engine, x, y, masks), expected)
-    without = _run(name, values, "sequential", x, y, None)
+    without = _expected(name, values, x, y, None)
     assert not torch.allclose(without[1], expected[1])  # the masks were applied
 
 
@@ -78,7 +85,7 @@ def test_users_with_different_numbers_of_steps_keep_their_own_masks(engine):
     model = build_model("simple_cnn", IMAGE, 10, seed=0)
     masks = round_masks(0, [0, 1, 2, 3], (5,), steps.tolist(), (1, 4), sites(model, FEATURES))
     values = {"local_epochs": 1}
-    expected = _run("fedavg", values, "sequential", x, y, masks, steps)
+    expected = _expected("fedavg", values, x, y, masks, steps)
     _assert_close(_run("fedavg", values, engine, x, y, masks, steps), expected)
 
 
@@ -130,10 +137,7 @@ def test_dropout_whose_masks_are_not_elementwise_is_refused():
 @pytest.mark.parametrize("name", ["fedavg", "perfedavg-hf", "ditto"])
 def test_each_engines_evaluation_with_dropout_equals_vmaps(name, engine):
     """Personalisation steps apply their own draw's masks, in every evaluation path."""
-    _assert_same(
-        _scores(name, {}, engine, model="simple_cnn"),
-        _scores(name, {}, "vmap", model="simple_cnn"),
-    )
+    _assert_same(_scores(name, {}, engine, model="simple_cnn"), _vmaps(name, {}, "simple_cnn"))
 
 
 @pytest.mark.slow

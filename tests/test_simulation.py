@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -225,15 +227,31 @@ def test_balanced_rounds_give_the_numbers_of_users_on_their_hosts(ray_session, t
 
 # Every algorithm's engines are checked against the sequential one in test_engines.py; here
 # the whole pipeline (placement, actors, sums) for the default algorithm.
+PACKED = {
+    "algorithm": "perfedavg-hf",
+    "rounds": 4,
+    "eval_every": 2,
+    "final_eval_draws": 2,
+    "users_per_actor": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(ray_session, tmp_path_factory) -> Path:
+    """PACKED on the sequential engine, the run each batched engine's is compared with:
+    made once for both."""
+    out = tmp_path_factory.mktemp("one-at-a-time")
+    _run(out, engine="sequential", **PACKED)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vmap", "fused"])
-def test_batched_engines_match_one_user_at_a_time(ray_session, tmp_path, engine):
+def test_batched_engines_match_one_user_at_a_time(one_at_a_time, tmp_path, engine):
     """Packed actors train their users together (vmap, or stacked parameters); the
     numbers match the one-at-a-time engine to floating-point tolerance."""
-    values = {"algorithm": "perfedavg-hf", "rounds": 4, "eval_every": 2, "final_eval_draws": 2}
-    _run(tmp_path / "seq", users_per_actor=3, engine="sequential", **values)
-    _run(tmp_path / engine, users_per_actor=3, engine=engine, **values)
-    (r1, e1), (r2, e2) = _results(tmp_path / "seq"), _results(tmp_path / engine)
+    _run(tmp_path / engine, engine=engine, **PACKED)
+    (r1, e1), (r2, e2) = _results(one_at_a_time), _results(tmp_path / engine)
     assert set(read_table(tmp_path / engine, "runs")["engine"]) == {engine}
     pd.testing.assert_series_equal(r1["train_loss"], r2["train_loss"], rtol=1e-5)
     pd.testing.assert_frame_equal(

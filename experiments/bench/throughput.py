@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import ray
 import torch
 from common import MNIST, RESULTS, timed_run
 from report import publish
@@ -155,10 +156,10 @@ def main() -> None:
         sets += ["n_users=6", "fraction=0.5", "tau=2"]
         engines = [e for e in ENGINES if not e[1]]
     cores = os.cpu_count() or 1
-    peak = {
-        1: gemm_peak(1, 0.5 if args.smoke else 2.0),
-        cores: gemm_peak(cores, 0.5 if args.smoke else 2.0),
-    }
+    # One actor holds every CPU of the Ray: the machine's, or those of a Ray this process
+    # joined (a test session's, which may hold fewer).
+    ray_cpus = int(ray.cluster_resources()["CPU"]) if ray.is_initialized() else cores
+    peak = {t: gemm_peak(t, 0.5 if args.smoke else 2.0) for t in sorted({1, cores, ray_cpus})}
     rows = [
         {
             "kind": "gemm",
@@ -186,7 +187,7 @@ def main() -> None:
             *[(f"ray {label(e, c)}", cores, e, c) for e, c in engines],
             ("ray fused, users on their hosts", cores, "fused", False),
             *[
-                (f"ray {label(e, c)}, one actor x {cores} threads", cores, e, c)
+                (f"ray {label(e, c)}, one actor x {ray_cpus} threads", ray_cpus, e, c)
                 for e, c in engines
                 if e == "fused"
             ],
@@ -196,7 +197,7 @@ def main() -> None:
                 seconds = in_process(cfg, prepared, engine, compile_, threads, args.rounds)
             elif mode.endswith("threads"):
                 seconds, _ = on_ray(
-                    cfg, engine, compile_, args.rounds, num_cpus_per_actor=float(cores)
+                    cfg, engine, compile_, args.rounds, num_cpus_per_actor=float(ray_cpus)
                 )
             else:
                 hosts = {"balance_rounds": False} if mode.endswith("hosts") else {}
