@@ -110,6 +110,7 @@ def test_users_of_different_sizes_get_the_same_augmented_batches_alone_or_togeth
         assert torch.equal(x_block[i, :own], x_alone[0, :own])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["vmap", "grouped"])
 def test_engines_train_on_the_same_augmented_batches(engine):
     reference = _learner("crop-flip", "sequential")

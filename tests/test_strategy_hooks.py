@@ -33,6 +33,7 @@ RUN = {
 }
 
 
+@pytest.mark.slow
 def test_a_strategy_loaded_after_the_actor_class_was_sent_reaches_the_actors(
     ray_session, monkeypatch
 ):
