@@ -113,12 +113,9 @@ class StrategyHParams(HParams):
 
     @classmethod
     def of(cls, cfg: RunConfig, **made: Any) -> Self:
-        """Also the derived counts, the method and the server optimiser the run names."""
+        """Also the method, the server optimiser and the privacy mechanism the run names."""
         return super().of(
             cfg,
-            users_per_round=cfg.users_per_round,
-            unseen_count=cfg.unseen_count,
-            users_per_evaluation=cfg.users_per_evaluation,
             method=make_algorithm(cfg),
             optimizer=SERVER_OPTIMIZERS.load(cfg.server_optimizer)(cfg),
             mechanism=PRIVACY.load(cfg.privacy)(cfg),

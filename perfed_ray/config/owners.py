@@ -33,11 +33,17 @@ class HParams:
 
     @classmethod
     def of(cls, cfg: RunConfig, **made: Any) -> Self:
-        """Read from a run's configuration: each field named after a core key takes
-        that key's value; `made` gives the others (components made for this one, such
-        as an algorithm's client optimiser)."""
-        core = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if f.name in CORE}
-        return cls(section=cfg.settings_of(cls.key), **core, **made)
+        """Read from a run's configuration: each field named after a core key, or after
+        a count the configuration derives (`users_per_round`, `unseen_count`: its
+        properties, rounded as its checks round them), takes that value; `made` gives
+        the others (components made for this one, such as an algorithm's client
+        optimiser)."""
+        read = {
+            f.name: getattr(cfg, f.name)
+            for f in dataclasses.fields(cls)
+            if f.name in CORE or isinstance(getattr(RunConfig, f.name, None), property)
+        }
+        return cls(section=cfg.settings_of(cls.key), **read, **made)
 
     @classmethod
     def given(cls, given: Self | RunConfig) -> Self:

@@ -37,7 +37,7 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -133,12 +133,6 @@ class PrivacyHParams(HParams):
     aggregation: str
     users_per_round: int
     unseen_count: int
-
-    @classmethod
-    def of(cls, cfg: RunConfig, **made: Any) -> Self:
-        return super().of(
-            cfg, users_per_round=cfg.users_per_round, unseen_count=cfg.unseen_count, **made
-        )
 
     @property
     def population(self) -> int:
