@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 # Torch's OpenMP threads (libgomp) spin between parallel regions, waiting for the next,
 # unless told to sleep: on 2 cores shared with the session's Ray actors (and, on a
@@ -121,6 +123,24 @@ def run_cells_here(cells: list, out: Path, jobs: int) -> int:
     from table1 import run_cells_in_process
 
     return run_cells_in_process(cells, out, jobs)
+
+
+def killed_mid_round(
+    ray_session, values: dict, folder: Path, pythonpath: Path | None = None
+) -> tuple[Path, Path, object]:
+    """A run of `values` started by `perfed-ray run` in its own process and SIGKILLed in
+    round 5: its results folder, its run's checkpoint folder (what --resume takes) and
+    the checkpoint it left."""
+    from perfed_ray.runtime.checkpoint import RunStore
+
+    config = folder / "run.yaml"
+    config.write_text(yaml.safe_dump(values))
+    out = folder / "results"
+    address = ray_session.get_runtime_context().gcs_address
+    killed = run_cli([str(config), "--out", str(out)], address, "driver-round@5", pythonpath)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [run_dir] = (out / "checkpoints").iterdir()
+    return out, run_dir, RunStore(out, run_dir.name.removeprefix("run_id=")).load()
 
 
 def run_cli(

@@ -6,14 +6,12 @@ and rolled back when an actor holding per-user state dies."""
 from __future__ import annotations
 
 import re
-import signal
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
-from conftest import run_cli
+from conftest import killed_mid_round
 
 import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
@@ -114,10 +112,6 @@ def test_an_entry_point_registers_a_name(on_path, monkeypatch):
     assert ALGORITHMS.load("reptile").__name__ == "Reptile"
 
 
-def _cli(args: list[str], address: str, fault: str | None = None):
-    return run_cli(args, address, fault, pythonpath=PLUGINS)
-
-
 @pytest.fixture(scope="module")
 def stateful_reference(ray_session, tmp_path_factory) -> dict[str, pd.DataFrame]:
     sys.path.insert(0, str(PLUGINS))
@@ -140,16 +134,8 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
 def test_per_user_state_is_checkpointed_and_resumed_exactly(
     ray_session, stateful_reference, tmp_path, monkeypatch
 ):
-    from perfed_ray.runtime.checkpoint import RunStore
-
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({**TINY, "algorithm": STATEFUL, "engine": "fused"}))
-    out = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
-    killed = _cli([str(config), "--out", str(out)], address, fault="driver-round@5")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    [run_dir] = (out / "checkpoints").iterdir()
-    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    values = {**TINY, "algorithm": STATEFUL, "engine": "fused"}
+    out, run_dir, saved = killed_mid_round(ray_session, values, tmp_path, PLUGINS)
     assert saved.round == 4 and saved.states  # momentum buffers of the users trained so far
     assert set(saved.states) <= set(range(6)) and len(saved.states) >= 3
     monkeypatch.syspath_prepend(str(PLUGINS))  # in this process: only the kill needs its own

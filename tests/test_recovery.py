@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import killed_mid_round, run_cli
 
 from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.api import simulate
@@ -139,14 +139,7 @@ def test_a_private_run_killed_mid_round_resumes_to_identical_tables(ray_session,
     included, equal those of the run left alone."""
     values = {**CONFIG, **PRIVATE_BASE, **PRIVATE[privacy]}
     simulate(from_mapping(values), tmp_path / "reference", progress=False)
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(values))
-    out = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
-    killed = _cli([str(config), "--out", str(out)], address, fault="driver-round@5")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    [run_dir] = (out / "checkpoints").iterdir()
-    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    out, run_dir, saved = killed_mid_round(ray_session, values, tmp_path)
     assert saved.round == 3
     assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
     expected = outcome(tmp_path / "reference")

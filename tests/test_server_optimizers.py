@@ -6,15 +6,13 @@ per-user state dies, gives the rows of a run left alone."""
 from __future__ import annotations
 
 import dataclasses
-import signal
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
-from conftest import run_cli
+from conftest import killed_mid_round
 
 import perfed_ray
 from perfed_ray.analysis import OUTCOME, outcome
@@ -202,15 +200,8 @@ def _assert_same(out: Path, expected: dict[str, pd.DataFrame]) -> None:
 def test_a_fedadam_run_killed_and_resumed_gives_the_same_rows(ray_session, tmp_path):
     reference = tmp_path / "reference"
     perfed_ray.simulate({**RUN, "algorithm": "fedavg"}, reference)
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({**RUN, "algorithm": "fedavg"}))
-    out = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
     # Killed in round 5: the checkpoint after round 3 holds moments that round 4 moved on.
-    killed = run_cli([str(config), "--out", str(out)], address, fault="driver-round@5")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    [run_dir] = (out / "checkpoints").iterdir()
-    saved = RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+    out, run_dir, saved = killed_mid_round(ray_session, {**RUN, "algorithm": "fedavg"}, tmp_path)
     assert saved.round == 3 and set(saved.server.optimizer) == {"m", "v"}
     # the moments saved are those of the same run's first 3 rounds, made whole
     short = perfed_ray.simulate({**RUN, "algorithm": "fedavg", "rounds": 3}, tmp_path / "short")
