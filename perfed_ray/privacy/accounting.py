@@ -164,44 +164,27 @@ def noise_multiplier(plan: Plan, target_epsilon: float, rounds: int) -> float:
     def gap(z: float) -> float:
         """log(epsilon / target): <= 0 where z is noise enough; falls as z grows."""
         spent = epsilon(plan, z, rounds)
-        if spent <= target_epsilon:
-            return min(0.0, math.log(spent / target_epsilon)) if spent > 0 else -math.inf
-        return max(math.log(spent / target_epsilon), 1e-300)  # inf for infinite epsilon
+        return math.log(spent / target_epsilon) if spent > 0 else -math.inf
 
-    # Bracket [low, high] (gap(low) > 0 >= gap(high)), then regula falsi on log z with
-    # the Illinois rule (Dowell and Jarratt 1971): about 6 evaluations, not bisection's 16.
+    # Bracket [low, high] (gap(low) > 0 >= gap(high)), then Brent's method on log z
+    # (scipy's brentq, as dp_accounting.calibrate_dp_mechanism does), and the end of
+    # its last bracket that is noise enough.
     low, high = 0.5, 1.0
-    g_low, g_high = gap(low), gap(high)
-    while g_high > 0:
-        low, g_low, high = high, g_high, 2 * high
+    while gap(high) > 0:
+        low, high = high, 2 * high
         if high > LARGEST_Z:
             raise ConfigError(
                 f"privacy.epsilon: {target_epsilon} needs a noise multiplier over {LARGEST_Z:g}"
             )
-        g_high = gap(high)
-    while g_low <= 0:
-        high, g_high, low = low, g_low, low / 2
+    while gap(low) <= 0:
+        low, high = low / 2, low
         if high < 1e-6:
             return high
-        g_low = gap(low)
-    kept = 0  # which end the last step kept: -1 low, +1 high
-    while (high - low) > RTOL * high:
-        a, b = math.log(low), math.log(high)
-        x = (a + b) / 2
-        if math.isfinite(g_low) and math.isfinite(g_high):
-            x = b - g_high * (b - a) / (g_high - g_low)
-            x = min(max(x, a + 0.01 * (b - a)), b - 0.01 * (b - a))  # inside, strictly
-        middle = math.exp(x)
-        g = gap(middle)
-        if g <= 0:
-            high, g_high = middle, g
-            g_low = g_low / 2 if kept == -1 else g_low
-            kept = -1
-        else:
-            low, g_low = middle, g
-            g_high = g_high / 2 if kept == 1 else g_high
-            kept = 1
-    return high
+    from scipy.optimize import brentq
+
+    root = math.exp(brentq(lambda x: gap(math.exp(x)), math.log(low), math.log(high), rtol=RTOL))
+    z = min(high, root * (1 + RTOL))
+    return z if gap(z) <= 0 else high
 
 
 def _check_run(noise_multiplier: float, rounds: int) -> None:
