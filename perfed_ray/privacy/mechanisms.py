@@ -258,6 +258,12 @@ class _Gaussian(NoPrivacy):
             z = _calibrated(self.plan, self.settings_["epsilon"], self.hparams.rounds)
         return float(z)
 
+    def init(self) -> dict[str, np.ndarray]:
+        """Also the epsilon after each planned round, accounted here, in the run's
+        set-up (PLD's take seconds for a thousand rounds), not in round 1's time."""
+        self._epsilons  # noqa: B018 (computed and kept)
+        return super().init()
+
     @functools.cached_property
     def _epsilons(self) -> np.ndarray:
         return accounting.epsilons(self.plan, self.noise_multiplier, self.hparams.rounds)
@@ -297,9 +303,10 @@ class CentralGaussian(_Gaussian):
                 )
 
     def init(self) -> dict[str, np.ndarray]:
+        extra = super().init()
         if not self.settings_["adaptive_clip"]:
-            return {}
-        return {CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
+            return extra
+        return {**extra, CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
 
     def user_step(self, round_, extra, shared):
         from perfed_ray.privacy.clipping import ClipUpdates
