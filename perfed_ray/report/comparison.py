@@ -189,7 +189,9 @@ def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _order(methods: set[str]) -> list[str]:
+def in_registry_order(methods: set[str]) -> list[str]:
+    """Methods (labels that start with an algorithm's name) in the algorithm registry's
+    order, so every report lists them alike; unregistered ones last."""
     names = ALGORITHMS.names()
     return sorted(
         methods,
@@ -233,7 +235,7 @@ def comparison_markdown(out: str | Path) -> str:
         extra = ["published"] if published else []
         rows = []
         ran = set(runs.loc[runs["setting"] == setting, "method"])
-        for method in _order(set(frame["method"]) | ran):
+        for method in in_registry_order(set(frame["method"]) | ran):
             texts = []
             for c in columns:
                 cell = frame[

@@ -21,7 +21,7 @@ import pandas as pd
 from perfed_ray.analysis import mean_ci95
 from perfed_ray.errors import InputError
 from perfed_ray.markdown import table
-from perfed_ray.report.comparison import _order, per_run
+from perfed_ray.report.comparison import in_registry_order, per_run
 from perfed_ray.report.curves import band
 from perfed_ray.results.layout import REPORT, ROUNDS
 from perfed_ray.results.reader import read_runs, read_table
@@ -144,7 +144,7 @@ def privacy_markdown(out: str | Path, steps: int = 1) -> str:
     recovers of what privacy costs can be read off."""
     stats = across_seeds(per_run_accuracy(out, steps))
     budgets = _columns(set(stats["budget"]))
-    methods = _order(set(stats["method"]))
+    methods = in_registry_order(set(stats["method"]))
     names = {NONE: "no privacy", CLIP: "clip only (z = 0)"}
     header = [names.get(b, f"ε = {b}") for b in budgets]
     used = {row.budget: row for row in spent(out).itertuples(index=False)}
@@ -193,7 +193,7 @@ def privacy_markdown(out: str | Path, steps: int = 1) -> str:
             ["method", "runs", "s per round", "s per run", "s in all"],
             [
                 [m, int(t.runs), f"{t.per_round:.2f}", f"{t.per_run:.0f}", f"{t.total:.0f}"]
-                for m, t in times.loc[_order(set(times.index))].iterrows()
+                for m, t in times.loc[in_registry_order(set(times.index))].iterrows()
             ],
         ),
         "",
@@ -215,7 +215,7 @@ def plot_privacy(out: str | Path, path: Path, steps: int = 1) -> None:
     x = {b: i for i, b in enumerate(budgets)}
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
     for ax, unseen in zip(axes, (False, True), strict=True):
-        for method in _order(set(stats["method"])):
+        for method in in_registry_order(set(stats["method"])):
             mine = stats[(stats["method"] == method) & (stats["unseen"] == unseen)]
             mine = mine.assign(x=mine["budget"].map(x)).sort_values("x")
             low, high = band(mine.rename(columns={"ci95": "half"}))  # within [0, 100]
