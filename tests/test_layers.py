@@ -195,3 +195,10 @@ def test_the_rounds_and_the_maths_load_no_ray_even_indirectly():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_repository_root_holds_no_scratch_configuration():
+    """Run configurations live beside the experiment that uses them; a YAML file at the
+    root is a scratch one left behind (issue 44, item 10)."""
+    root = PACKAGE.parent
+    assert sorted(p.name for p in root.glob("*.y*ml")) == ["mkdocs.yml"]
