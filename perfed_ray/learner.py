@@ -21,10 +21,10 @@ from perfed_ray.config.schema import RunConfig
 from perfed_ray.data import Shard
 from perfed_ray.data.augment import CropFlip
 from perfed_ray.data.batches import epoch_indices, evaluation_indices, gather, round_indices
-from perfed_ray.dropout import Masks, Site, index, round_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import one_by_one, per_user_copies, stack, unstack
 from perfed_ray.engines.functional import FunctionalOps
+from perfed_ray.masks import Masks, Site, index, round_masks, sites
 from perfed_ray.models import FlatParams, activation_bytes, params_of
 from perfed_ray.seeding import Stream, torch_generator
 from perfed_ray.states import StateStore

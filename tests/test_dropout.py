@@ -15,9 +15,9 @@ from test_engines import _run as run
 from test_evaluation_engines import _assert_same, _scores, _vmaps
 from torch import nn
 
-from perfed_ray.dropout import round_masks, sites
 from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.errors import ConfigError
+from perfed_ray.masks import round_masks, sites
 from perfed_ray.models import build_model, params_of
 
 IMAGE = (3, 8, 8)  # the smallest image simple_cnn takes whole: 64 x 2 x 2 after pooling

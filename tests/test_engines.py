@@ -13,10 +13,10 @@ import torch
 
 from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.config import from_mapping
-from perfed_ray.dropout import round_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.functional import FunctionalOps, plain
 from perfed_ray.engines.stacked import chain_of, elu
+from perfed_ray.masks import round_masks, sites
 from perfed_ray.models import build_model, params_of
 from perfed_ray.registry import ALGORITHMS, ENGINES
 

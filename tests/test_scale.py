@@ -13,7 +13,7 @@ from perfed_ray.api import simulate
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.data.synthetic import synthetic_iid_user, synthetic_user
 from perfed_ray.runtime import simulation
-from perfed_ray.runtime.actors import actor_factory
+from perfed_ray.runtime.launch import actor_factory
 from perfed_ray.runtime.placement import plan, spread
 
 

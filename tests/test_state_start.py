@@ -18,7 +18,7 @@ from perfed_ray.engines.functional import FunctionalOps
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, build_model, initial_model, params_of
 from perfed_ray.runtime import simulation
-from perfed_ray.runtime.actors import actor_factory
+from perfed_ray.runtime.launch import actor_factory
 from perfed_ray.runtime.placement import Placement
 
 USERS = [0, 1, 2, 3]

@@ -51,7 +51,7 @@ import torch
 
 from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import lerp, sgd, sub
-from perfed_ray.settings import Setting
+from perfed_ray.config.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig

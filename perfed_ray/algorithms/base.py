@@ -24,8 +24,8 @@ import torch
 from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.schema import RunConfig
+from perfed_ray.config.settings import Setting
 from perfed_ray.registry import ALGORITHMS, CLIENT_OPTIMIZERS
-from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.optimizers.client import ClientOptimizer

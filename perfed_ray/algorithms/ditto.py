@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams
 from perfed_ray.algorithms.tree import tree_map
-from perfed_ray.settings import Setting
+from perfed_ray.config.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig

@@ -41,7 +41,7 @@ from typing import ClassVar
 
 from perfed_ray.algorithms.base import Algorithm
 from perfed_ray.algorithms.tree import tree_map
-from perfed_ray.settings import Setting
+from perfed_ray.config.settings import Setting
 
 
 class FedProx(Algorithm):

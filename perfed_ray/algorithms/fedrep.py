@@ -71,8 +71,8 @@ import torch
 
 from perfed_ray.algorithms.base import Algorithm, AlgorithmHParams, concrete, grad_and_loss_of
 from perfed_ray.algorithms.tree import Params, per_user, tree_map
+from perfed_ray.config.settings import Setting
 from perfed_ray.errors import ConfigError
-from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 from perfed_ray.config.meanings import MEANINGS
 from perfed_ray.config.sections import declared, registered_sections, section_name
-from perfed_ray.settings import KINDS, Setting
+from perfed_ray.config.settings import KINDS, Setting
 
 DATA_TRANSPORTS = ("object_store", "data_root")
 ADAPT_ON = ("train", "test")

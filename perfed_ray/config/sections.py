@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfed_ray.config.settings import Setting
 from perfed_ray.registry import REGISTRIES, SECTIONED, is_dotted
-from perfed_ray.settings import Setting
 
 
 def section_name(value: str, key: str | None = None) -> str:

@@ -41,11 +41,11 @@ from torch import nn
 from perfed_ray.algorithms.base import make_algorithm
 from perfed_ray.algorithms.tree import tree_map
 from perfed_ray.config.schema import RunConfig
-from perfed_ray.dropout import index, random_masks, sites
 from perfed_ray.engines import make_engine
 from perfed_ray.engines.base import Engine, stack
 from perfed_ray.engines.grouped import grouped_chain
 from perfed_ray.engines.stacked import chain_of
+from perfed_ray.masks import index, random_masks, sites
 from perfed_ray.models import params_of
 
 CACHE_ENV = "PERFED_ENGINE_CACHE"

@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.base import Algorithm, Batch, ModelOps
 from perfed_ray.algorithms.tree import Params
-from perfed_ray.dropout import Masks, index, keyed
+from perfed_ray.masks import Masks, index, keyed
 
 Result = tuple[Params, torch.Tensor, Params | None]  # models [U, ...], losses [U], states
 

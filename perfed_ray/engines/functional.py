@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from perfed_ray.algorithms.base import Batch
 from perfed_ray.algorithms.tree import Params, Scalar, axpy, eager_plain, sub
-from perfed_ray.dropout import Masks, applying
+from perfed_ray.masks import Masks, applying
 
 
 class Curvature:

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from perfed_ray.algorithms.base import client_update
-from perfed_ray.dropout import index
 from perfed_ray.engines.base import Engine, Result, active_steps, per_user_copies, steps_of
 from perfed_ray.engines.stacked import StackedOps, chain_of
+from perfed_ray.masks import index
 
 BLOCK = 16  # users a block on a CPU
 GPU_BLOCK_BYTES = 2**30  # a block's stacked copy of the model, at most, on a GPU

@@ -19,10 +19,10 @@ from torch.func import grad, grad_and_value
 
 from perfed_ray.algorithms.base import Batch
 from perfed_ray.algorithms.tree import Params
-from perfed_ray.dropout import Masks, apply
 from perfed_ray.engines.functional import Curvature
 from perfed_ray.engines.fused import Fused
 from perfed_ray.engines.stacked import PerUser
+from perfed_ray.masks import Masks, apply
 
 Chain = list[tuple[str, nn.Module]]  # parameter-name prefix, module, in the order applied
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from perfed_ray.algorithms.base import client_update
-from perfed_ray.dropout import index
 from perfed_ray.engines.base import Engine, Result, stack, steps_of, unstack
 from perfed_ray.engines.functional import FunctionalOps
+from perfed_ray.masks import index
 
 
 class Sequential(Engine):

@@ -21,7 +21,7 @@ import torch
 from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.schema import RunConfig
-from perfed_ray.settings import Setting
+from perfed_ray.config.settings import Setting
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.schema import RunConfig
-from perfed_ray.settings import Setting
+from perfed_ray.config.settings import Setting
 
 State = dict[str, np.ndarray]
 

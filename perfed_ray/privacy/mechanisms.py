@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from perfed_ray.config.owners import HParams
+from perfed_ray.config.settings import Setting
 from perfed_ray.errors import ConfigError
 from perfed_ray.privacy import accounting
 from perfed_ray.seeding import Stream, numpy_rng
-from perfed_ray.settings import Setting
 
 if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig

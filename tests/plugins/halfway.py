@@ -6,8 +6,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from perfed_ray.config.settings import Setting
 from perfed_ray.optimizers.server import ServerOptimizer
-from perfed_ray.settings import Setting
 
 
 class Halfway(ServerOptimizer):
