@@ -166,7 +166,7 @@ class SimpleCNN(ImageChain):
 
     Their model takes images channels-last and transposes them; ours are channels-first
     already. Dropout is applied in training steps (local and personalisation) with masks
-    from the run's keyed streams (:mod:`perfed_ray.dropout`), never in scoring."""
+    from the run's keyed streams (:mod:`perfed_ray.masks`), never in scoring."""
 
     def __init__(self, input_shape: tuple[int, ...], n_classes: int) -> None:
         super().__init__(input_shape)

@@ -322,5 +322,5 @@ REGISTRIES = {
 }
 # Configuration keys whose components declare settings, each in a section of its own
 # name (`fedrep: {head_epochs: 10}`) or of its registry's (`privacy.epsilon`): see
-# perfed_ray.settings.
+# perfed_ray.config.settings.
 SECTIONED = ("algorithm", "client_optimizer", "server_optimizer", "privacy")

@@ -6,6 +6,7 @@ injection (issue 23, item 14)."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,11 +34,11 @@ LAYERS: list[tuple[str, ...]] = [
         "privacy.accounting",  # pure maths on dp-accounting, below config's validation
     ),
     ("version",),
-    ("registry", "settings"),
+    ("registry",),
     ("config",),
     # the maths, which knows nothing of Ray
     ("data",),
-    ("algorithms", "optimizers", "dropout", "postprocess"),
+    ("algorithms", "optimizers", "masks", "postprocess"),
     # differential privacy's mechanisms and their steps on users' updates
     ("privacy",),
     ("models",),
@@ -202,3 +203,35 @@ def test_the_repository_root_holds_no_scratch_configuration():
     root is a scratch one left behind (issue 44, item 10)."""
     root = PACKAGE.parent
     assert sorted(p.name for p in root.glob("*.y*ml")) == ["mkdocs.yml"]
+
+
+def test_the_module_map_names_every_module_and_package():
+    """The development guide's map is where a newcomer finds a module's job: each of the
+    package's own modules and sub-packages is on it, by the name it has now."""
+    guide = (PACKAGE.parent / "docs" / "guide" / "development.md").read_text(encoding="utf-8")
+    drawn = guide.split("perfed_ray/\n", 1)[1].split("```", 1)[0]
+    named = set(re.findall(r"[\w.]+\.py|\w+/", drawn))
+    top = {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    top |= {p.name + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert not top - named, f"not on the map: {sorted(top - named)}"
+
+
+def test_no_two_modules_of_a_package_are_named_one_letter_apart():
+    """Names one letter apart (actor.py and actors.py) read as one module and are two jobs."""
+    close = []
+    for folder in {p.parent for p in PACKAGE.rglob("*.py")}:
+        names = sorted(p.stem for p in folder.glob("*.py"))
+        for i, a in enumerate(names):
+            close += [(a, b) for b in names[i + 1 :] if _one_edit(a, b)]
+    assert not close, f"modules named one letter apart: {close}"
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether `b` is `a` with one letter added, removed or changed."""
+    if len(a) > len(b):
+        a, b = b, a
+    if len(b) - len(a) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    return any(a == b[:i] + b[i + 1 :] for i in range(len(b)))

@@ -4,7 +4,7 @@ The defaults are the paper's (Fallah et al. 2020, Section 5) and `PROTOCOL.md`'s
 Every field is stored with every result row, so the schema here is also the column
 contract of the Parquet tables. Each core key is declared once, as a field with its
 type, default and bounds; its meaning is in :mod:`perfed_ray.config.meanings`, and
-both become the key's :class:`~perfed_ray.settings.Setting` in `CORE`, which
+both become the key's :class:`~perfed_ray.config.settings.Setting` in `CORE`, which
 validation, `perfed-ray keys`, the docs and the writer's column types all read.
 """
 

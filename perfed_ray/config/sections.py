@@ -2,7 +2,7 @@
 the configuration's section named after the component (``fedrep: {head_epochs: 10}``).
 
 The components say what their sections hold (a ``settings`` mapping of
-:class:`~perfed_ray.settings.Setting` on the class), so nothing here lists a method's
+:class:`~perfed_ray.config.settings.Setting` on the class), so nothing here lists a method's
 knobs: a user's own method by dotted path gets a section the same way. Loading a
 component imports it, so these functions ask the registries only when a
 configuration has component keys, or for the reference.

@@ -111,7 +111,7 @@ class Engine:
         """x [U, T, batches_per_step, B, ...], y likewise; `states` stacked [U, ...];
         `steps` [U], the local steps each user takes (the first of the T; all T when
         None): users of different sizes under `local_epochs`; `masks` the dropout masks
-        of every sample, laid out as x (:mod:`perfed_ray.dropout`)."""
+        of every sample, laid out as x (:mod:`perfed_ray.masks`)."""
         raise NotImplementedError
 
 

@@ -2,4 +2,4 @@
 under every engine) and the server's (how the global model moves towards the users'
 aggregate, on the flat vectors that travel). Names are registered in
 :data:`perfed_ray.registry.CLIENT_OPTIMIZERS` and :data:`perfed_ray.registry.SERVER_OPTIMIZERS`;
-each declares its own settings (:mod:`perfed_ray.settings`)."""
+each declares its own settings (:mod:`perfed_ray.config.settings`)."""
