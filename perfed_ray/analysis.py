@@ -11,6 +11,7 @@ seeds come from :func:`across_seeds`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -267,14 +268,18 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     return table.sort_values("run_id").reset_index(drop=True)
 
 
-def across_seeds(final: pd.DataFrame) -> pd.DataFrame:
-    """Mean and 95% interval over training seeds of each configuration's final accuracy."""
+def across_seeds(
+    final: pd.DataFrame, keys: Sequence[str] = CONFIG_KEYS, value: str = "accuracy"
+) -> pd.DataFrame:
+    """Per configuration (its `keys`): the mean of `value` over its rows, one per training
+    seed, and the 95% t interval's half-width (`accuracy`, `ci95`, `seeds`). Every report
+    summarises seeds through this one function, so a table and its figure agree."""
     rows = []
-    for key, frame in final.groupby(CONFIG_KEYS, dropna=False):
-        acc, half = mean_ci95(frame["accuracy"].to_numpy())
+    for key, frame in final.groupby(list(keys), dropna=False):
+        acc, half = mean_ci95(frame[value].to_numpy())
         rows.append(
             {
-                **dict(zip(CONFIG_KEYS, key, strict=True)),
+                **dict(zip(keys, key, strict=True)),
                 "seeds": len(frame),
                 "accuracy": acc,
                 "ci95": half,

@@ -8,10 +8,12 @@ import re
 import pandas as pd
 import pytest
 
+from perfed_ray.analysis import across_seeds
 from perfed_ray.cli import main
 from perfed_ray.config import RunConfig
 from perfed_ray.report import LEGEND, table1_markdown, write_report
 from perfed_ray.report.cells import Cell, method_of, section_of
+from perfed_ray.report.comparison import per_step
 from perfed_ray.report.curves import band
 
 T_975_1 = 12.706204736174698  # Student t, 97.5%, one degree of freedom (two seeds)
@@ -271,3 +273,36 @@ def test_paired_differences_are_per_user_over_the_last_ten_evaluations_of_each_s
     other = runs.assign(n_users=[3, 5, 3, 5])
     with pytest.raises(ValueError, match="n_users: 3, 5"):
         paired_by_user(other, pd.DataFrame(rows), "A", "B")
+
+
+def test_across_seeds_is_the_t_interval_of_each_configurations_seeds():
+    """The one summary over seeds that every report uses, against the closed form: the
+    mean, and t(0.975, n - 1) s / sqrt(n); a key left unset (NaN) is a configuration."""
+    final = pd.DataFrame(
+        {"algorithm": ["a", "a", "a", "b"], "tau": [1.0, 1.0, 1.0, math.nan]}
+        | {"accuracy": [0.5, 0.7, 0.9, 0.4]}
+    )
+    got = across_seeds(final, ["algorithm", "tau"]).set_index("algorithm")
+    s = math.sqrt(((0.5 - 0.7) ** 2 + (0.9 - 0.7) ** 2) / 2)
+    t_975_2 = 4.302652729911275  # Student t, 97.5%, two degrees of freedom
+    assert got.loc["a", "accuracy"] == pytest.approx(0.7)
+    assert got.loc["a", "ci95"] == pytest.approx(t_975_2 * s / math.sqrt(3))
+    assert got.loc["a", "seeds"] == 3
+    assert got.loc["b"].tolist()[1:] == [1, 0.4, 0.0]  # one seed: no interval
+    assert math.isnan(got.loc["b", "tau"])
+
+
+def test_a_step_one_seed_did_not_score_is_left_out_of_its_group_only():
+    rows = pd.DataFrame(
+        {
+            "setting": ["s"] * 4,
+            "method": ["m", "m", "n", "n"],
+            "unseen": [False] * 4,
+            "acc_0": [0.1, 0.3, 0.5, 0.5],
+            "acc_1": [0.2, 0.4, 0.6, math.nan],
+        }
+    )
+    got = per_step(rows)
+    assert got[["method", "steps"]].values.tolist() == [["m", 0], ["m", 1], ["n", 0]]
+    assert got["accuracy"].tolist() == pytest.approx([0.2, 0.3, 0.5])
+    assert got["ci95"].iloc[0] == pytest.approx(T_975_1 * math.sqrt(0.02) / math.sqrt(2))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfed_ray.analysis import mean_ci95
+from perfed_ray.analysis import across_seeds
 from perfed_ray.config.schema import CORE, FIELDS, spec
 from perfed_ray.config.sections import section_name
 from perfed_ray.errors import InputError
@@ -167,26 +167,15 @@ def per_run(out: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def across_seeds(table: pd.DataFrame) -> pd.DataFrame:
-    """Per setting, method, user group and step: mean and 95% interval over seeds."""
-    rows = []
-    for (setting, method, unseen), frame in table.groupby(["setting", "method", "unseen"]):
-        for k in STEPS:
-            column = f"acc_{k}"
-            if column in frame and frame[column].notna().all():
-                mean, half = mean_ci95(frame[column].to_numpy())
-                rows.append(
-                    {
-                        "setting": setting,
-                        "method": method,
-                        "unseen": unseen,
-                        "steps": k,
-                        "seeds": len(frame),
-                        "accuracy": mean,
-                        "ci95": half,
-                    }
-                )
-    return pd.DataFrame(rows)
+def per_step(table: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, method, user group and step: mean and 95% interval over seeds; a
+    step some seed of the group did not score is left out."""
+    group = ["setting", "method", "unseen"]
+    scored = [f"acc_{k}" for k in STEPS if f"acc_{k}" in table]
+    long = table.melt(group, scored, var_name="steps", value_name="accuracy")
+    long["steps"] = long["steps"].str.removeprefix("acc_").astype(int)
+    complete = long.groupby([*group, "steps"])["accuracy"].transform(lambda a: a.notna().all())
+    return across_seeds(long[complete.astype(bool)], [*group, "steps"])
 
 
 def in_registry_order(methods: set[str]) -> list[str]:
@@ -203,7 +192,7 @@ def comparison_markdown(out: str | Path) -> str:
     """The comparison report: one table per setting, the best mean of each column in
     bold, and which method wins where."""
     runs = annotated_runs(out)
-    stats = across_seeds(per_run(out, runs))
+    stats = per_step(per_run(out, runs))
     lines = [
         "# Personalised methods compared: seen and unseen users, 0, 1 and 5 steps",
         "",

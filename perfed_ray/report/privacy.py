@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from perfed_ray.analysis import mean_ci95
+from perfed_ray.analysis import across_seeds
 from perfed_ray.errors import InputError
 from perfed_ray.markdown import table
 from perfed_ray.report.comparison import in_registry_order, per_run
@@ -63,23 +63,10 @@ def per_run_accuracy(out: str | Path, steps: int) -> pd.DataFrame:
     ].rename(columns={column: "acc"})
 
 
-def across_seeds(rows: pd.DataFrame) -> pd.DataFrame:
+def with_references(rows: pd.DataFrame) -> pd.DataFrame:
     """Per method, budget and user group: mean accuracy and 95% half-width over seeds;
     a method in SHARED_NOTHING repeated in every budget's column."""
-    stats = []
-    for (method, budget_, unseen), frame in rows.groupby(["method", "budget", "unseen"]):
-        mean, half = mean_ci95(frame["acc"].to_numpy())
-        stats.append(
-            {
-                "method": method,
-                "budget": budget_,
-                "unseen": unseen,
-                "seeds": len(frame),
-                "accuracy": mean,
-                "ci95": half,
-            }
-        )
-    stats = pd.DataFrame(stats)
+    stats = across_seeds(rows, ["method", "budget", "unseen"], "acc")
     budgets = [*_columns(set(stats["budget"]) - {NONE}), NONE]  # every column there is
     reference = stats[stats["method"].isin(SHARED_NOTHING)]
     private = stats[~stats["method"].isin(SHARED_NOTHING)]
@@ -142,7 +129,7 @@ def privacy_markdown(out: str | Path, steps: int = 1) -> str:
     after `steps` personalisation steps and before any (0 steps: the global model of
     FedAvg and Per-FedAvg, the personal ones of the others), so that what personalising
     recovers of what privacy costs can be read off."""
-    stats = across_seeds(per_run_accuracy(out, steps))
+    stats = with_references(per_run_accuracy(out, steps))
     budgets = _columns(set(stats["budget"]))
     methods = in_registry_order(set(stats["method"]))
     names = {NONE: "no privacy", CLIP: "clip only (z = 0)"}
@@ -176,7 +163,7 @@ def privacy_markdown(out: str | Path, steps: int = 1) -> str:
         + ", ".join(f"{h}: {s}" for h, s in zip(header, spent_row, strict=True)),
         "",
     ]
-    before = across_seeds(per_run_accuracy(out, 0))  # the models as they are
+    before = with_references(per_run_accuracy(out, 0))  # the models as they are
     for frame, suffix in ((stats, ""), (before, ", before personalisation (0 steps)")):
         for unseen in (False, True):
             rows = [[m, *(_cell(frame, m, b, unseen) for b in budgets)] for m in methods]
@@ -210,7 +197,7 @@ def plot_privacy(out: str | Path, path: Path, steps: int = 1) -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    stats = across_seeds(per_run_accuracy(out, steps))
+    stats = with_references(per_run_accuracy(out, steps))
     budgets = _columns(set(stats["budget"]))
     x = {b: i for i, b in enumerate(budgets)}
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5), sharey=True)
