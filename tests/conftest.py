@@ -125,6 +125,13 @@ def run_cells_here(cells: list, out: Path, jobs: int) -> int:
     return run_cells_in_process(cells, out, jobs)
 
 
+def each_users_model(ray_session, actor, weights, users: list[int], round_: int, **train) -> dict:
+    """Each user's model after its local work in `round_`, a call of the actor's `train`
+    per user: an actor sends only sums, and one user's sum is its model times its weight."""
+    parts = ray_session.get([actor.train.remote(weights, [u], round_, **train) for u in users])
+    return {u: part.total / part.weight for u, part in zip(users, parts, strict=True)}
+
+
 def killed_mid_round(
     ray_session, values: dict, folder: Path, pythonpath: Path | None = None
 ) -> tuple[Path, Path, object]:

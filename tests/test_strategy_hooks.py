@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import each_users_model
 
 import perfed_ray
 from perfed_ray.config import from_mapping
@@ -70,7 +71,7 @@ def hooked(monkeypatch, ray_session):
     actor = simulation.actor_factory(prepared, Placement([range(6)], 1.0, 0.0))(0, 0)
     w0 = simulation.initial_weights(cfg, prepared.source([0]))
     reporting = Strategy(cfg).plan(1).reporting
-    plain = ray_session.get(actor.train.remote(w0, reporting, 1, per_user=True))
+    plain = each_users_model(ray_session, actor, w0, reporting, 1)
     yield hooked, cfg, actor, w0, reporting, plain
     ray_session.kill(actor)
 
@@ -78,15 +79,16 @@ def hooked(monkeypatch, ray_session):
 def test_the_actor_applies_the_step_to_each_users_model_before_the_sum(hooked, ray_session):
     module, _, actor, w0, reporting, plain = hooked
     step = module.Clip(module.BOUND)
-    got = ray_session.get(actor.train.remote(w0, reporting, 1, per_user=True, postprocess=step))
+    got = ray_session.get(actor.train.remote(w0, reporting, 1, postprocess=step))
+    each = each_users_model(ray_session, actor, w0, reporting, 1, postprocess=step)
     w = w0.astype(np.float64)
-    norms = [np.linalg.norm(plain.per_user[u] - w) for u in reporting]
+    norms = [np.linalg.norm(plain[u] - w) for u in reporting]
     assert min(norms) > module.BOUND  # every update is clipped: the step did something
-    expected = {u: w + _clipped(plain.per_user[u] - w, module.BOUND) for u in reporting}
+    expected = {u: w + _clipped(plain[u] - w, module.BOUND) for u in reporting}
     for u in reporting:
-        np.testing.assert_allclose(got.per_user[u], expected[u], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(each[u], expected[u], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got.total, sum(expected.values()), rtol=1e-5, atol=1e-6)
-    assert got.weight == plain.weight == len(reporting)
+    assert got.weight == len(reporting)
 
 
 def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, ray_session):
@@ -96,17 +98,18 @@ def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, 
 
     _, cfg, actor, w0, reporting, plain = hooked
     w = w0.astype(np.float64)
-    norms = np.array([np.linalg.norm(plain.per_user[u] - w) for u in reporting])
+    norms = np.array([np.linalg.norm(plain[u] - w) for u in reporting])
     low, high = np.sort(norms)[:2]
     bound = float(low + high) / 2  # some users are clipped, some are not, none on the edge
     keys = tuple(Strategy(cfg).algorithm.shared(_template(cfg)))
     step = ClipUpdates(bound, keys, per_layer=False, count_unclipped=True)
-    got = ray_session.get(actor.train.remote(w0, reporting, 1, per_user=True, postprocess=step))
+    got = ray_session.get(actor.train.remote(w0, reporting, 1, postprocess=step))
+    each = each_users_model(ray_session, actor, w0, reporting, 1, postprocess=step)
     for u, norm in zip(reporting, norms, strict=True):
-        update = got.per_user[u] - w
+        update = each[u] - w
         assert np.linalg.norm(update) <= bound * (1 + 1e-5)
         np.testing.assert_allclose(
-            update, (plain.per_user[u] - w) * min(1.0, bound / norm), rtol=1e-4, atol=1e-7
+            update, (plain[u] - w) * min(1.0, bound / norm), rtol=1e-4, atol=1e-7
         )
     assert got.stats == {"unclipped": float((norms <= bound).sum())}
 
@@ -127,7 +130,7 @@ def test_a_strategys_hooks_and_own_state_in_a_real_run(hooked, tmp_path):
     saved = RunStore(tmp_path, result.run_id).load()
     assert saved.round == 1
     w = w0.astype(np.float64)
-    updates = [plain.per_user[u] - w for u in reporting]
+    updates = [plain[u] - w for u in reporting]
     clipped = np.mean([_clipped(d, module.BOUND) for d in updates], axis=0)
     expected = w + clipped + module.shift(w.size)
     np.testing.assert_allclose(saved.server.weights, expected, rtol=1e-5, atol=1e-6)

@@ -38,13 +38,11 @@ from perfed_ray.runtime.environment import Components, adopt
 class UpdateSum:
     """An actor's part of a round: the weighted sum of its users' new weights (float64,
     so the server's total does not depend on the order in which actors answer), the
-    sum of the weights, how many users reported; per-user weights only when asked for."""
+    sum of the weights and of the losses."""
 
     total: np.ndarray
     weight: float
-    count: int
     loss_sum: float
-    per_user: dict[int, np.ndarray] | None = None
     seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
     guests: dict[int, np.ndarray] | None = None  # new states of users hosted elsewhere
     stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's statistics
@@ -120,7 +118,6 @@ class UserActor:
         weights: np.ndarray,
         users: list[int],
         round_: int,
-        per_user: bool = False,
         aggregated: list[int] | None = None,
         guests: list[ray.ObjectRef] | None = None,
         postprocess: UserPostprocessor | None = None,
@@ -139,7 +136,7 @@ class UserActor:
             visiting = dict.fromkeys((u for u in users if u not in store), None)
             for handed in ray.get(guests):
                 visiting.update(handed)
-        return self._round(start, users, round_, per_user, aggregated, visiting, clock, postprocess)
+        return self._round(start, users, round_, aggregated, visiting, clock, postprocess)
 
     def train_rounds(
         self,
@@ -153,9 +150,7 @@ class UserActor:
         start = self.flat.unflatten(weights, self.device)
         sums = []
         for round_, users, aggregated, postprocess in rounds:
-            sums.append(
-                self._round(start, users, round_, False, aggregated, None, clock, postprocess)
-            )
+            sums.append(self._round(start, users, round_, aggregated, None, clock, postprocess))
             clock = time.perf_counter()
         return sums
 
@@ -164,7 +159,6 @@ class UserActor:
         start: dict[str, torch.Tensor],
         users: list[int],
         round_: int,
-        per_user: bool,
         aggregated: list[int] | None,
         visiting: dict[int, np.ndarray | None] | None,
         clock: float,
@@ -196,20 +190,10 @@ class UserActor:
             total = self.flat.flatten(
                 {k: torch.tensordot(scale, v.double(), dims=1) for k, v in models.items()}
             )
-        per = (
-            {
-                u: self.flat.flatten({k: v[i] for k, v in models.items()})
-                for i, u in enumerate(users)
-            }
-            if per_user
-            else None
-        )
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
         loss_sum = float(losses.double().sum())
         seconds = time.perf_counter() - clock
-        return UpdateSum(
-            total, float(sum(weights_)), len(users), loss_sum, per, seconds, visiting or None, stats
-        )
+        return UpdateSum(total, float(sum(weights_)), loss_sum, seconds, visiting or None, stats)
 
     def evaluate(self, weights: np.ndarray, users: list[int], round_: int, draws: int) -> pa.Table:
         """The given hosted users' personalised scores for the global weights, as columns."""

@@ -152,7 +152,6 @@ class Coordinator:
                 ref,
                 us,
                 round_,
-                False,
                 None if summed is None else [u for u in us if u in summed],
                 visits.get(a),
                 postprocess,
