@@ -70,7 +70,7 @@ def to_config(
         config = config.to_dict()
     if config is None or isinstance(config, (str, Path)):
         cfg = configuration.load(config, overrides)
-        return cfg.replace(**changes) if changes else cfg
+        return configuration.revise(cfg, **changes) if changes else cfg
     return configuration.from_mapping(
         {**config, **configuration.parse_overrides(overrides), **changes}
     )

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import perfed_ray
-from perfed_ray.config import from_mapping
+from perfed_ray.config import from_mapping, revise
 from perfed_ray.engines import auto
 from perfed_ray.engines.auto import Workload, candidates, choose, fastest
 from perfed_ray.models import build_model
@@ -78,7 +78,7 @@ def test_the_cache_is_written_then_reused_without_measuring_again(quick, tmp_pat
     assert choose(cfg, model, WORK, path) == other
     assert json.loads(path.read_text()) == entries
     # Another workload (another algorithm) is measured on its own.
-    choose(cfg.replace(algorithm="fedavg"), model, WORK, path)
+    choose(revise(cfg, algorithm="fedavg"), model, WORK, path)
     assert len(json.loads(path.read_text())) == 2
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_engines import METHODS  # every method, a test plug-in's among them
 
-from perfed_ray.config import from_mapping
+from perfed_ray.config import from_mapping, revise
 from perfed_ray.learner import Learner
 from perfed_ray.models import initial_model, params_of
 from perfed_ray.runtime import simulation
@@ -40,10 +40,10 @@ def _scores(name: str, values: dict, engine: str, model: str = "mlp"):
     )
     source, shards = _shards(model)
     server = params_of(initial_model(cfg, source))
-    trainer = Learner(cfg.replace(engine="sequential"), initial_model(cfg, source), shards)
+    trainer = Learner(revise(cfg, engine="sequential"), initial_model(cfg, source), shards)
     trainer.train(server, USERS, ROUND)
     learner = Learner(
-        cfg.replace(engine=engine), initial_model(cfg, source), shards, trainer.state_vectors()
+        revise(cfg, engine=engine), initial_model(cfg, source), shards, trainer.state_vectors()
     )
     assert (learner.engine.ops is None) == (engine in ("vmap", "sequential"))
     table = learner.evaluate(server, USERS, ROUND + 1, 2).to_pandas()

@@ -12,7 +12,7 @@ import pytest
 
 import perfed_ray
 from perfed_ray.analysis import MEASURED
-from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.config import ConfigError, from_mapping, revise
 from perfed_ray.runtime import simulation
 from perfed_ray.strategy import Strategy
 from tests.conftest import TINY
@@ -76,7 +76,7 @@ def test_users_are_drawn_in_proportion_to_their_samples():
     counts = Counter(u for r in range(400) for u in strategy.sample(r))
     assert counts[3] > 360  # p = 0.97
     assert strategy.sample(5) == Strategy(cfg, sizes).sample(5)  # the round's own stream
-    uniformly = Strategy(cfg.replace(sampling="uniform"))
+    uniformly = Strategy(revise(cfg, sampling="uniform"))
     uniform = Counter(u for r in range(400) for u in uniformly.sample(r))
     assert uniform[3] < 140
     with pytest.raises(ValueError, match="training sizes"):

@@ -25,7 +25,7 @@ from conftest import killed_mid_round, run_cli
 from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.api import simulate
 from perfed_ray.cli import main
-from perfed_ray.config import from_mapping
+from perfed_ray.config import from_mapping, revise
 from perfed_ray.runtime.checkpoint import RunStore
 
 # Drop-outs and stragglers are on, so `events` has rows to compare too.
@@ -201,7 +201,7 @@ def test_dropouts_and_stragglers_are_drawn_per_round_and_recorded(reference):
     assert who != Strategy(cfg).participation(8, users)
     assert sorted(who.reporting + who.dropped + who.late) == users  # each user once
     assert 250 < len(who.dropped) < 350 and 300 < len(who.late) < 400  # 30%, 70% * 50%
-    nobody = Strategy(cfg.replace(dropout=1.0)).participation(7, users)
+    nobody = Strategy(revise(cfg, dropout=1.0)).participation(7, users)
     assert nobody.reporting == [] and nobody.dropped == users
 
     # In the reference run, every sampled user either reported or is an event.

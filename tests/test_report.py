@@ -10,7 +10,7 @@ import pytest
 
 from perfed_ray.analysis import across_seeds
 from perfed_ray.cli import main
-from perfed_ray.config import RunConfig
+from perfed_ray.config import RunConfig, revise
 from perfed_ray.report import LEGEND, table1_markdown, write_report
 from perfed_ray.report.cells import Cell, method_of, section_of
 from perfed_ray.report.comparison import per_step
@@ -121,7 +121,7 @@ def test_report_command_and_its_errors(tiny_results, tmp_path, capsys):
 
 def _run(**values) -> pd.Series:
     values = {"paper_a": 196, **values}
-    cfg = RunConfig().replace(**values)
+    cfg = revise(RunConfig(), **values)
     return pd.Series(cfg.to_dict())
 
 

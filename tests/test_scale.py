@@ -7,10 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import each_users_model
 
 import perfed_ray
 from perfed_ray.api import simulate
-from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.config import ConfigError, from_mapping, revise
 from perfed_ray.data.synthetic import synthetic_iid_user, synthetic_user
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.launch import actor_factory
@@ -27,20 +28,20 @@ def test_auto_placement_sizes_the_pool_from_the_cluster():
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (8, 1.0, 0.25)
     p = plan(cfg, [{"CPU": 16.0, "GPU": 0.5}])  # a sweep trial's share of a GPU
     assert (len(p.blocks), p.num_gpus) == (2, 0.25)
-    p = plan(cfg.replace(num_gpus_per_actor=0.125), [{"CPU": 16.0, "GPU": 2.0}])
+    p = plan(revise(cfg, num_gpus_per_actor=0.125), [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_gpus) == (16, 0.125)
-    p = plan(cfg.replace(num_cpus_per_actor=1.0), [{"CPU": 16.0, "GPU": 2.0}])
+    p = plan(revise(cfg, num_cpus_per_actor=1.0), [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_gpus) == (16, 0.125)
-    p = plan(cfg.replace(num_gpus_per_actor=0.5), [{"CPU": 16.0, "GPU": 2.0}])
+    p = plan(revise(cfg, num_gpus_per_actor=0.5), [{"CPU": 16.0, "GPU": 2.0}])
     assert (len(p.blocks), p.num_gpus) == (4, 0.5)
-    p = plan(cfg.replace(num_cpus_per_actor=0.25), [{"CPU": 2.0}])
+    p = plan(revise(cfg, num_cpus_per_actor=0.25), [{"CPU": 2.0}])
     assert len(p.blocks) == 8
     # A CPU head and CPU workers beside GPU workers: GPU-sharing actors fit on the GPU
     # nodes only, so only their CPUs count.
     mixed = [{"CPU": 8.0}, {"CPU": 16.0}, {"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
     p = plan(cfg, mixed)
     assert (len(p.blocks), p.num_cpus, p.num_gpus) == (8, 1.0, 0.25)
-    p = plan(cfg.replace(num_gpus_per_actor=0.0), mixed)
+    p = plan(revise(cfg, num_gpus_per_actor=0.0), mixed)
     assert (len(p.blocks), p.num_gpus) == (32, 0.0)
 
 
@@ -140,20 +141,21 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
     weights = simulation.initial_weights(cfg, source)
-    result = ray_session.get(actor.train.remote(weights, [0, 2, 3], 5, per_user=True))
+    result = ray_session.get(actor.train.remote(weights, [0, 2, 3], 5))
+    each = each_users_model(ray_session, actor, weights, [0, 2, 3], 5)
     ray_session.kill(actor)
 
     model = build_model(cfg.model, source.input_shape, source.n_classes)
     flat = FlatParams(params_of(model))
     shards = source.shards([0, 2, 3], torch.device("cpu"), prepared.data)
-    learner = Learner(prepared.cfg.replace(engine="sequential"), model, shards)
+    learner = Learner(revise(prepared.cfg, engine="sequential"), model, shards)
     models, _ = learner.train(flat.unflatten(weights), [0, 2, 3], 5)
     expected = {
         u: flat.flatten({k: v[i] for k, v in models.items()}) for i, u in enumerate((0, 2, 3))
     }
-    assert result.count == 3 and result.weight == 3 and set(result.per_user) == {0, 2, 3}
+    assert result.weight == 3
     for u, vector in expected.items():
-        np.testing.assert_allclose(result.per_user[u], vector, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(each[u], vector, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.total, sum(expected.values()), rtol=1e-5, atol=1e-5)
 
 
@@ -175,12 +177,13 @@ def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(r
     prepared = simulation.prepare(cfg)
     actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     weights = simulation.initial_weights(cfg, prepared.source([0]))
-    result = ray_session.get(actor.train.remote(weights, [0, 1, 3], 1, per_user=True))
+    result = ray_session.get(actor.train.remote(weights, [0, 1, 3], 1))
+    each = each_users_model(ray_session, actor, weights, [0, 1, 3], 1)
     ray_session.kill(actor)
     n = {u: len(prepared.users[u].train) for u in (0, 1, 3)}
     assert len(set(n.values())) == 3  # Dirichlet shards differ in size
     assert result.weight == sum(n.values())
-    expected = sum(n[u] * result.per_user[u].astype(np.float64) for u in n)
+    expected = sum(n[u] * each[u] for u in n)
     np.testing.assert_allclose(result.total, expected, rtol=1e-6, atol=1e-6)
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from perfed_ray.algorithms import Algorithm
-from perfed_ray.config import ConfigError, from_mapping, load, reference
+from perfed_ray.config import ConfigError, from_mapping, load, reference, revise
 from perfed_ray.optimizers.server import FedAdam
 from perfed_ray.registry import ALGORITHMS
 from perfed_ray.strategy import Strategy
@@ -159,7 +159,7 @@ def test_a_component_receives_its_own_settings_and_the_core_keys_it_names():
     class Sized(Algorithm.HParams):  # a user's method that reads one more core key
         batch_size: int
 
-    assert Sized.of(cfg.replace(batch_size=16)).batch_size == 16
+    assert Sized.of(revise(cfg, batch_size=16)).batch_size == 16
     assert not hasattr(Sized.of(cfg), "n_users")
 
 
@@ -194,4 +194,4 @@ def test_the_strategy_and_server_optimiser_receive_their_own_settings():
         class HParams(Strategy.HParams):
             batch_size: int
 
-    assert Sized(cfg.replace(batch_size=16)).hparams.batch_size == 16
+    assert Sized(revise(cfg, batch_size=16)).hparams.batch_size == 16

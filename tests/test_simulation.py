@@ -10,7 +10,7 @@ import pytest
 
 from perfed_ray.analysis import final_accuracy, read_table
 from perfed_ray.api import simulate
-from perfed_ray.config import from_mapping
+from perfed_ray.config import from_mapping, revise
 from perfed_ray.models import build_model
 from perfed_ray.runtime import execution, simulation
 from perfed_ray.runtime.placement import Placement, balanced, spread
@@ -349,7 +349,7 @@ def test_sampled_evaluations_score_eval_users_drawn_per_evaluation(ray_session, 
     cfg = from_mapping({**EASY, "eval_users": 3, "sample_final_eval": True})
     assert users[2] == Strategy(cfg).evaluated(2, final=False)  # the round's own stream
     assert len(Strategy(cfg).evaluated(4, final=True)) == 3
-    assert Strategy(cfg.replace(eval_users="all")).evaluated(2, False) == list(range(6))
+    assert Strategy(revise(cfg, eval_users="all")).evaluated(2, False) == list(range(6))
     for bad in (2.5, 7):
         with pytest.raises(ConfigError, match=f"eval_users = {bad:g} is not allowed"):
             from_mapping({**EASY, "eval_users": bad})

@@ -24,6 +24,7 @@ from conftest import TINY, experiment_script
 from perfed_ray import simulate
 from perfed_ray.analysis import OUTCOME, final_accuracy, outcome, read_runs, read_table
 from perfed_ray.cli import main
+from perfed_ray.config import revise
 from perfed_ray.data.shards import Shard
 from perfed_ray.data.validation import hold_out
 from perfed_ray.errors import ConfigError
@@ -144,7 +145,7 @@ def test_a_sweep_file_expands_in_order_samples_reproducibly_and_sizes_trials(tmp
         f"algorithm=perfedavg-fo seed=5 aggregation={ninth.aggregation}"
     )
     # users_per_actor: auto fills what a trial reserves with actors, one CPU each.
-    auto = sweep.trials[0].replace(users_per_actor=None)
+    auto = revise(sweep.trials[0], users_per_actor=None)
     assert sweep.resources.bundles(auto) == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
     assert sweep.resources.bundles(sweep.trials[0]) == [{"CPU": 1.0}, {"CPU": 1.0}]
     assert spec.Sweep.from_dict(sweep.to_dict()) == sweep

@@ -47,7 +47,7 @@ from common import MNIST, RESULTS
 from report import publish
 from throughput import in_process, on_ray
 
-from perfed_ray.config import load
+from perfed_ray.config import load, revise
 from perfed_ray.engines import auto
 from perfed_ray.models import build_model
 from perfed_ray.runtime import simulation
@@ -69,11 +69,11 @@ def mnist_rows(args: argparse.Namespace, device: str) -> list[dict]:
     for algorithm in ALGORITHMS:
         prepared = simulation.prepare(load(MNIST, [*sets, f"algorithm={algorithm}"]))
         for users in [] if args.ray_only else args.users:
-            cfg = prepared.cfg.replace(fraction=users / n)
+            cfg = revise(prepared.cfg, fraction=users / n)
             for engine in ["sequential", "fused"] if users <= LOOP_USERS else ["fused"]:
                 seconds = in_process(cfg, prepared, engine, False, 1, args.rounds, device)
                 rows.append(row(algorithm, IN_PROCESS[engine], cfg, seconds))
-        cfg = prepared.cfg.replace(fraction=1.0)
+        cfg = revise(prepared.cfg, fraction=1.0)
         seconds, _ = on_ray(cfg, "fused", False, args.rounds)
         rows.append(row(algorithm, "ray fused, default placement", cfg, seconds))
         for actors in args.actors:

@@ -48,7 +48,7 @@ import torch
 from common import MNIST, RESULTS, timed_run
 from report import publish
 
-from perfed_ray.config import load
+from perfed_ray.config import load, revise
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, params_of
 from perfed_ray.runtime import simulation
@@ -94,7 +94,7 @@ def in_process(
     model = simulation.initial_model(cfg, prepared.source([])).to(device)
     users = list(range(cfg.n_users))
     shards = prepared.source(users).shards(users, torch.device(device), prepared.data)
-    learner = Learner(cfg.replace(engine=engine, compile=compile_), model, shards)
+    learner = Learner(revise(cfg, engine=engine, compile=compile_), model, shards)
     flat, strategy = FlatParams(params_of(model)), Strategy(cfg)
     weights = flat.flatten(params_of(model))
     seconds = []
@@ -116,7 +116,7 @@ def on_ray(
     from perfed_ray.api import simulate
     from perfed_ray.results.reader import read_table
 
-    run_cfg = cfg.replace(engine=engine, compile=compile_, rounds=rounds + 1, **changes)
+    run_cfg = revise(cfg, engine=engine, compile=compile_, rounds=rounds + 1, **changes)
     with tempfile.TemporaryDirectory() as out:
         simulate(run_cfg, out, progress=False)
         table, runs = read_table(out, "rounds"), read_table(out, "runs")

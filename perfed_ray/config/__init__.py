@@ -11,7 +11,7 @@ from_mapping`` reads as it always has; the modules say where each one lives.
 
 from perfed_ray.config.docs import reference, reference_text
 from perfed_ray.config.legacy import legacy_keys
-from perfed_ray.config.load import flatten, from_mapping, load, parse_overrides
+from perfed_ray.config.load import flatten, from_mapping, load, parse_overrides, revise
 from perfed_ray.config.schema import CORE, FIELDS, RunConfig, base_type, spec
 from perfed_ray.config.sections import (
     component_settings,
@@ -39,6 +39,7 @@ __all__ = [
     "reference",
     "reference_text",
     "registered_settings",
+    "revise",
     "section_name",
     "spec",
 ]

@@ -81,6 +81,12 @@ def from_mapping(values: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+def revise(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """`cfg` with `changes`, validated again as a whole: here, not a method of the
+    schema's, because validation stands above the schema (its rules read it)."""
+    return from_mapping({**cfg.to_dict(), **changes})
+
+
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
     """Parse `--set key=value` pairs; values are read as YAML scalars."""
     out: dict[str, Any] = {}

@@ -138,13 +138,6 @@ class RunConfig:
         core = {name: getattr(self, name) for name in FIELDS}
         return core | dict(self.settings)
 
-    def replace(self, **changes: Any) -> RunConfig:
-        """This configuration with `changes`, validated again as a whole."""
-        # Loading stands above the schema (it validates against rules that read it).
-        from perfed_ray.config.load import from_mapping
-
-        return from_mapping({**self.to_dict(), **changes})
-
 
 def _core(f: dataclasses.Field) -> Setting:
     """A core field's Setting, typed by the field's annotation (`int | None` -> int)."""

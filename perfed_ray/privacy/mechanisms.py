@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from perfed_ray.config.load import revise
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.settings import Setting
 from perfed_ray.errors import ConfigError
@@ -395,4 +396,4 @@ def resolve(cfg: RunConfig) -> RunConfig:
     from perfed_ray.registry import PRIVACY
 
     mechanism = PRIVACY.load(cfg.privacy)(cfg)
-    return cfg.replace(**{"privacy.noise_multiplier": mechanism.noise_multiplier})
+    return revise(cfg, **{"privacy.noise_multiplier": mechanism.noise_multiplier})

@@ -12,7 +12,7 @@ import torch
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from perfed_ray.config import RunConfig
+from perfed_ray.config import RunConfig, revise
 from perfed_ray.data import ShardSource
 from perfed_ray.engines.auto import Workload, choose, known
 from perfed_ray.runtime.environment import adopt, components
@@ -43,7 +43,7 @@ def resolve_execution(
         work = cfg.rounds * cfg.users_per_round * cfg.tau / n_actors
         compile_ = engine == "fused" and work >= COMPILE_FROM
     balance = n_actors > 1 if cfg.balance_rounds is None else cfg.balance_rounds
-    return cfg.replace(engine=engine, compile=compile_, balance_rounds=balance)
+    return revise(cfg, engine=engine, compile=compile_, balance_rounds=balance)
 
 
 def _auto_engine(

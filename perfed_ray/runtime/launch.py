@@ -7,25 +7,37 @@ many calls, instead of a copy pickled into each actor's creation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from perfed_ray import faults
+from perfed_ray.config import RunConfig
+from perfed_ray.data import DataArrays, ShardSource
 from perfed_ray.runtime.actor import UserActor
 from perfed_ray.runtime.checkpoint import Checkpoint
 from perfed_ray.runtime.environment import components
 from perfed_ray.runtime.placement import Placement
 from perfed_ray.runtime.pool import ActorFactory
 
-if TYPE_CHECKING:
-    from perfed_ray.runtime.simulation import Prepared
+
+class Inputs(Protocol):
+    """What starting the actors reads of a run's prepared inputs (the simulation's
+    `Prepared`, which uses this module: typed here so that it is not imported back)."""
+
+    @property
+    def cfg(self) -> RunConfig: ...
+
+    @property
+    def data(self) -> DataArrays | None: ...
+
+    def source(self, block: list[int]) -> ShardSource: ...
 
 
 def actor_factory(
-    prepared: Prepared,
+    prepared: Inputs,
     placement: Placement,
     checkpoint: Checkpoint | None = None,
     group: PlacementGroup | None = None,

@@ -34,7 +34,7 @@ from ray.util.placement_group import PlacementGroup
 
 from perfed_ray import timeline
 from perfed_ray.algorithms.base import keeps_user_state
-from perfed_ray.config import RunConfig
+from perfed_ray.config import RunConfig, revise
 from perfed_ray.data import (
     DataArrays,
     InputScaling,
@@ -118,8 +118,8 @@ def prepare(cfg: RunConfig) -> Prepared:
     """
     if dataset(cfg.dataset).load is None:
         return Prepared(cfg, None, None)
-    cfg = cfg.replace(
-        data_root=str(resolve_root(cfg.data_root)), paper_a=cfg.paper_a or paper_a(cfg.dataset)
+    cfg = revise(
+        cfg, data_root=str(resolve_root(cfg.data_root)), paper_a=cfg.paper_a or paper_a(cfg.dataset)
     )
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.download, cfg.seed, cfg.data_folder)
     return Prepared(cfg, data, partition(cfg, data), input_scaling(data, cfg.input_scale))

@@ -37,6 +37,7 @@ import pandas as pd
 import ray
 from ray import tune
 
+from perfed_ray.config import revise
 from perfed_ray.errors import ConfigError, InputError, first_line
 from perfed_ray.results.layout import EVALS, SWEEPS, check_out
 from perfed_ray.results.writer import write_atomically
@@ -64,7 +65,7 @@ def check(sweep: Sweep, out: Path) -> tuple[Path, Sweep]:
             f"`perfed-ray sweep --resume {folder}`, or give this one another name"
         )
     trials = tuple(
-        t.replace(data_root=str(resolve_root(t.data_root)))
+        revise(t, data_root=str(resolve_root(t.data_root)))
         if dataset(t.dataset).load is not None
         else t
         for t in sweep.trials
