@@ -1,7 +1,8 @@
 """Run configuration: the schema of a run's choices (:mod:`.schema`, with each core
 key's meaning in :mod:`.meanings`), the settings components declare in their own
-sections (:mod:`.sections`, old flat names in :mod:`.legacy`), reading files and
-`--set` pairs (:mod:`.load`), rules across keys (:mod:`.rules`), the reference that
+sections (:mod:`.sections`, each setting typed in :mod:`.settings`, old flat names in
+:mod:`.legacy`), reading files and `--set` pairs and revising a configuration
+(:mod:`.load`), rules across keys (:mod:`.rules`), the reference that
 `perfed-ray keys` and the docs print (:mod:`.docs`), and the record of its own
 settings each component is made from (:mod:`.owners`).
 
