@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README = (REPO / "README.md").read_text()
 PAGES = sorted(DOCS.rglob("*.md"))
+RESULTS = sorted((REPO / "experiments" / "results").glob("*/README.md"))
+ROOT = [REPO / name for name in ("CONTRIBUTING.md", "CHANGELOG.md")]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CPU_TORCH = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
 
@@ -72,7 +74,7 @@ def test_the_readme_is_short_and_links_the_protocol_and_the_site():
 
 def test_every_relative_link_lands_on_a_file_and_heading_that_exist():
     checked = 0
-    for path in [REPO / "README.md", REPO / "cluster" / "README.md", *PAGES]:
+    for path in [REPO / "README.md", REPO / "cluster" / "README.md", *RESULTS, *PAGES]:
         for link in LINK.findall(path.read_text()):
             if "://" in link or link.startswith("mailto:"):
                 continue
@@ -231,6 +233,28 @@ def test_every_page_naming_the_methods_that_keep_user_state_names_them_all():
     assert checked >= 3
 
 
+SHAPE = (
+    "What ran",
+    "Hardware",
+    "Time",
+    "Command",
+    "Expected result",
+    "Where it differs from the paper",
+    "Environment",
+)
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.parent.name)
+def test_every_results_page_has_the_one_shape(path):
+    """What ran, on what, how long, the command, what to expect, where it differs from
+    the paper, and how to make the same environment: first, in that order."""
+    card = path.read_text().split("## At a glance\n\n")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| \*\*(.+?)\*\* \| (.+) \|$", card, re.M)
+    assert tuple(k for k, _ in rows) == SHAPE
+    assert all(v.strip() for _, v in rows)
+    assert "pip install" in dict(rows)["Environment"]
+
+
 def test_the_projects_basics_are_there_and_agree():
     license = (REPO / "LICENSE").read_text()
     assert "Apache License" in license and "Version 2.0, January 2004" in license
@@ -269,8 +293,9 @@ def test_user_facing_pages_name_no_machine_paths_issues_or_neighbours():
     ]
     for path in pages:
         text = path.read_text()
-        for stale in ("/work/", "shared/tools", "issue 3", "other sessions", "no GPU lent"):
+        for stale in ("/work/", "shared/tools", "(issue", "issue 3", "other sessions"):
             assert stale not in text, (path.relative_to(REPO), stale)
+        assert not re.search(r"\blent\b", text), path.relative_to(REPO)  # "no GPU lent"
 
 
 def test_the_readmes_speed_figures_are_the_benchmarks_own():
