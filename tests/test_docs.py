@@ -10,10 +10,12 @@ import importlib.util
 import logging
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import TINY
 
@@ -407,6 +409,26 @@ def test_the_own_data_page_runs_as_printed(ray_session, reader):
     ]
     evals = pd.read_parquet(reader / "results" / "evals")
     assert evals["n_train"].eq(100).all() and evals["n_test"].eq(20).all()
+
+
+@pytest.mark.slow  # a run's start on the shared Ray (a whole run where there is a GPU)
+def test_the_gpu_pages_commands_run_as_printed(ray_session, reader, capsys):
+    """Where there is no GPU (CI), the run asking for a GPU share stops with status 2 and
+    the line the page quotes; on a GPU machine it runs."""
+    text = page("guide/gpu.md")
+    commands = re.findall(r"```bash\n(.*?)```", text, re.S)
+    check, run = commands
+    shown = subprocess.run(shlex.split(check), capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == [str(torch.cuda.is_available()), str(torch.cuda.device_count())]
+    words = shlex.split(run)
+    assert words[0] == "perfed-ray"
+    if torch.cuda.is_available():
+        assert cli.main(words[1:]) == 0
+        return
+    assert cli.main(words[1:]) == 2
+    said = capsys.readouterr().err
+    quoted = re.search(r"`(each actor asks for .*?) \.\.\.`", text, re.S).group(1)
+    assert " ".join(quoted.split()) in said
 
 
 def test_the_results_and_gpu_pages_read_a_results_folder_as_printed(tiny_results, reader, capsys):
