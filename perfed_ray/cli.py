@@ -240,7 +240,12 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one simulation from a configuration file")
+    run = sub.add_parser(
+        "run",
+        help="run one simulation from a configuration file",
+        epilog="exit status: 0 finished; 1 failed or diverged (its rows so far are kept); "
+        "2 bad input, in one line before Ray starts; 130 interrupted (Ctrl-C or SIGTERM)",
+    )
     run.add_argument("config", nargs="?", help="flat YAML configuration (default: all defaults)")
     _pairs(run, "--set", "override one configuration value (repeatable)")
     run.add_argument("--out", help="results folder (default: results/)")
@@ -265,6 +270,9 @@ def parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser(
         "sweep",
         help="run many simulations as the trials of a Ray Tune sweep (a grid, samples, seeds)",
+        epilog="exit status: 0 every trial ended (finished, stopped early or diverged), or "
+        "--dry-run listed them; 1 a trial failed; 2 bad input, in one line before Ray starts; "
+        "130 interrupted, or trials left unfinished",
     )
     sweep.add_argument("sweep", nargs="?", help="sweep file (see docs/guide/sweeps.md)")
     _pairs(sweep, "--set", "override one configuration value of every trial (repeatable)")
@@ -291,13 +299,17 @@ def parser() -> argparse.ArgumentParser:
         "(default: $RAY_ADDRESS, else start a local Ray)",
     )
     sweep.set_defaults(func=cmd_sweep)
-    summ = sub.add_parser("summary", help="final personalised accuracy of every run in DIR")
+    no_runs = "exit status: 0 done; 2 DIR does not exist or holds no runs"
+    summ = sub.add_parser(
+        "summary", help="final personalised accuracy of every run in DIR", epilog=no_runs
+    )
     summ.add_argument("dir", help="results folder")
     summ.add_argument("--markdown", action="store_true", help="print a Markdown table")
     summ.set_defaults(func=cmd_summary)
     report = sub.add_parser(
         "report",
         help="extended Table 1, learning curves and per-group accuracies of the runs in DIR",
+        epilog=no_runs,
     )
     report.add_argument("dir", help="results folder")
     report.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
@@ -306,11 +318,12 @@ def parser() -> argparse.ArgumentParser:
         "compare",
         help="personalised methods side by side in DIR: seen and unseen users, "
         "0, 1 and 5 personalisation steps, 95%% intervals over seeds",
+        epilog="exit status: 0 done; 2 DIR holds no runs or no evaluations",
     )
     compare.add_argument("dir", help="results folder")
     compare.add_argument("--out", help=f"report folder (default: DIR/{REPORT})")
     compare.set_defaults(func=cmd_compare)
-    keys = sub.add_parser("keys", help="list every configuration key")
+    keys = sub.add_parser("keys", help="list every configuration key", epilog="exit status: 0")
     keys.add_argument(
         "--markdown", action="store_true", help="as the Markdown table of the docs' reference"
     )

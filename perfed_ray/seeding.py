@@ -4,11 +4,17 @@ Every random draw of a run comes from a stream keyed by what it is for
 (`seed`, purpose, and the user, round and draw it belongs to), never from
 a shared generator whose state depends on the order in which actors answer.
 That is what makes a run identical whatever the placement of users on actors.
+
+The built-in purposes are the closed :class:`Stream` enum; a plug-in (a strategy, a
+method, a data set of your own) keys its own draws with a :class:`PluginStream` named
+after it, which can never hand out a built-in purpose's stream.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,9 +40,46 @@ class Stream(enum.IntEnum):
     LOCAL_NOISE = 14
 
 
-def stream_seed(seed: int, stream: Stream, *keys: int) -> int:
+# The purpose word of every plug-in stream: above any built-in purpose (they count up
+# from 0), so a plug-in's key and a built-in one differ in the word after the seed.
+_PLUGIN = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class PluginStream:
+    """A plug-in's own purpose, named by the plug-in (``"dp_mean.noise"``).
+
+    Why not a new :class:`Stream` member: the enum is the package's, and two plug-ins
+    picking the next free number would share a stream. The name is hashed (SHA-256,
+    the same on every machine and Python, unlike ``hash``) into four 32-bit words that
+    follow a purpose word no built-in stream uses, so plug-ins' streams differ from the
+    built-in ones by construction and from each other unless their names are equal.
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a plug-in stream needs a name, e.g. 'my_module.noise'")
+
+    @property
+    def words(self) -> tuple[int, ...]:
+        digest = hashlib.sha256(self.name.encode()).digest()
+        return (_PLUGIN, *(int.from_bytes(digest[i : i + 4], "little") for i in (0, 4, 8, 12)))
+
+
+Purpose = Stream | PluginStream
+
+
+def _purpose(stream: Purpose) -> list[int]:
+    """The 32-bit words a purpose puts into a stream's key after the seed."""
+    return list(stream.words) if isinstance(stream, PluginStream) else [int(stream)]
+
+
+def stream_seed(seed: int, stream: Purpose, *keys: int) -> int:
     """The 32-bit seed of the stream keyed (seed, stream, *keys)."""
-    return int(np.random.SeedSequence([seed, int(stream), *keys]).generate_state(1)[0])
+    words = [seed, *_purpose(stream), *keys]
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
 
 
 # NumPy's SeedSequence, whose first 32-bit word of state stream_seed takes: the
@@ -45,7 +88,7 @@ _MASK, _INIT_A, _MULT_A = 0xFFFFFFFF, 0x43B0D7E5, 0x931E8875
 _INIT_B, _MULT_B, _MIX_L, _MIX_R, _POOL = 0x8B51F9DD, 0x58F38DED, 0xCA01F9DD, 0x4973F715, 4
 
 
-def stream_seeds(seed: int, stream: Stream, keys: np.ndarray) -> np.ndarray:
+def stream_seeds(seed: int, stream: Purpose, keys: np.ndarray) -> np.ndarray:
     """stream_seed(seed, stream, *row) for every row of `keys` ([n, m], entries below
     2^32) at once: SeedSequence's hash vectorised over the rows, the same words in the
     same order (the seed's and stream's 32-bit words, then the row's), so a round's
@@ -54,7 +97,7 @@ def stream_seeds(seed: int, stream: Stream, keys: np.ndarray) -> np.ndarray:
     keys = np.asarray(keys, dtype=np.uint64)
     if keys.size and int(keys.max()) > _MASK:
         raise ValueError("stream_seeds: keys must be below 2^32")
-    common = [w for x in (seed, int(stream)) for w in _words(x)]
+    common = [w for x in (seed, *_purpose(stream)) for w in _words(x)]
     words = [np.full(len(keys), w, np.uint64) for w in common] + list(keys.T)
     mult = _INIT_A
 
@@ -93,11 +136,12 @@ def _words(x: int) -> list[int]:
     return words
 
 
-def numpy_rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
-    """A NumPy generator for driver-side draws (partition, user sampling, data)."""
+def numpy_rng(seed: int, stream: Purpose, *keys: int) -> np.random.Generator:
+    """A NumPy generator for driver-side draws (partition, user sampling, data, a
+    plug-in's noise)."""
     return np.random.default_rng(stream_seed(seed, stream, *keys))
 
 
-def torch_generator(seed: int, stream: Stream, *keys: int) -> torch.Generator:
+def torch_generator(seed: int, stream: Purpose, *keys: int) -> torch.Generator:
     """A CPU torch generator for a user's draws (batches) in one round or evaluation."""
     return torch.Generator().manual_seed(stream_seed(seed, stream, *keys))

@@ -5,24 +5,34 @@ speed figures quoted as measured, and the guide's own code examples running as p
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import logging
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import TINY
 
 import perfed_ray
-from perfed_ray.config import ConfigError, from_mapping, reference_text
-from perfed_ray.registry import REGISTRIES
+from perfed_ray import cli
+from perfed_ray.config import ConfigError, from_mapping, legacy_keys, reference_text
+from perfed_ray.lifecycle import EXIT_CODES
+from perfed_ray.registry import ALGORITHMS, REGISTRIES
+from perfed_ray.results.schema import MEANINGS, SCHEMAS
 from perfed_ray.runtime.checkpoint import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 README = (REPO / "README.md").read_text()
 PAGES = sorted(DOCS.rglob("*.md"))
+RESULTS = sorted((REPO / "experiments" / "results").glob("*/README.md"))
+ROOT = [REPO / name for name in ("CONTRIBUTING.md", "CHANGELOG.md")]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CPU_TORCH = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
 
@@ -66,7 +76,7 @@ def test_the_readme_is_short_and_links_the_protocol_and_the_site():
 
 def test_every_relative_link_lands_on_a_file_and_heading_that_exist():
     checked = 0
-    for path in [REPO / "README.md", REPO / "cluster" / "README.md", *PAGES]:
+    for path in [REPO / "README.md", REPO / "cluster" / "README.md", *RESULTS, *PAGES]:
         for link in LINK.findall(path.read_text()):
             if "://" in link or link.startswith("mailto:"):
                 continue
@@ -124,18 +134,170 @@ def test_the_configuration_reference_is_the_settings_table():
     assert table == reference_text(markdown=True), "regenerate: perfed-ray keys --markdown"
 
 
-def test_the_site_build_regenerates_a_stale_keys_block_and_says_so(caplog):
+def _hooks():
     spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [("cli", "reference/cli.md"), ("columns", "reference/results.md")],
+)
+def test_the_generated_references_are_the_codes_own(name, path):
+    assert block(page(path), name) == _hooks().GENERATED[name](), "regenerate: python docs/hooks.py"
+
+
+def test_the_site_build_regenerates_a_stale_generated_block_and_says_so(caplog):
+    hooks = _hooks()
     stale = "intro\n<!-- keys:begin -->\n| key |\n<!-- keys:end -->\nafter\n"
     with caplog.at_level(logging.WARNING):
-        built = hooks._keys_block(stale, "x.md")
+        built = hooks.generated_blocks(stale, "x.md")
     table = reference_text(markdown=True)
     assert built == f"intro\n<!-- keys:begin -->\n{table}\n<!-- keys:end -->\nafter\n"
-    assert "stale" in caplog.text
+    assert "stale" in caplog.text and "python docs/hooks.py" in caplog.text
     caplog.clear()
-    assert hooks._keys_block(built, "x.md") == built and not caplog.text
+    assert hooks.generated_blocks(built, "x.md") == built and not caplog.text
+    own = "<!-- epsilon:begin -->\nmine\n<!-- epsilon:end -->"  # a page's own block stays
+    assert hooks.generated_blocks(own, "x.md") == own
+
+
+def test_the_cli_reference_has_every_command_flag_and_exit_status():
+    text = page("reference/cli.md")
+    top = cli.parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        assert f"### `perfed-ray {name}`" in text
+        section = text.split(f"### `perfed-ray {name}`")[1].split("\n### ")[0]
+        for action in command._actions:
+            for flag in action.option_strings:
+                assert flag in section or flag in ("-h", "--help"), (name, flag)
+        assert "Exit status: 0" in section, name
+    run = text.split("### `perfed-ray run`")[1].split("\n### ")[0]
+    for code in {*EXIT_CODES.values(), 2}:
+        assert f" {code} " in run.split("Exit status:")[1], code
+    assert "--version" in text
+
+
+def test_every_results_column_says_what_it_holds():
+    for table, schema in SCHEMAS.items():
+        meanings = MEANINGS[table]
+        for column in schema.names:
+            assert meanings.get(column, "").strip(), f"{table}.{column}: no meaning in schema.py"
+    columns = page("reference/results.md")
+    assert "`epsilon`" in columns and "`train_seconds`" in columns and "`server_seconds`" in columns
+
+
+def test_an_included_readme_is_in_the_site_with_its_links_from_the_page():
+    here = DOCS / "guide"
+    text = _hooks().included("<!-- include ../../cluster/README.md -->\n", here)
+    assert text.startswith("# Running perfed-ray on a Ray cluster")
+    assert "](../../cluster/local.sh)" in text  # was (local.sh), beside the README
+    assert "](sweeps.md)" in text  # was (../docs/guide/sweeps.md)
+    assert "](#security)" in text  # a heading of the same page stays
+
+
+def test_the_site_has_the_four_kinds_of_page():
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text().replace("!!", ""))["nav"]
+    kinds = [next(iter(entry)) for entry in nav]
+    assert kinds == ["Home", "Tutorial", "How-to guides", "Reference", "Explanation"]
+    listed = str(nav)
+    for path in (
+        "guide/cluster.md",
+        "reference/cli.md",
+        "reference/results.md",
+        "reference/glossary.md",
+        "explanation/concepts.md",
+    ):
+        assert path in listed, path
+
+
+def test_every_page_naming_the_methods_that_keep_user_state_names_them_all():
+    """pFedMe, Ditto, FedRep, Local and APFL keep a state per user (their classes make
+    one); a paragraph about per-user state that names some of them names them all."""
+    base = ALGORITHMS.load("fedavg").__mro__[-2]  # Algorithm
+    stateful = set()
+    for name in ALGORITHMS.names():
+        cls = ALGORITHMS.load(name)
+        if cls.init_user_state is not base.init_user_state:
+            stateful.add({"PFedMe": "pFedMe"}.get(cls.__name__, cls.__name__))
+    assert stateful == {"pFedMe", "Ditto", "FedRep", "Local", "APFL"}
+    checked = 0
+    for path in [REPO / "README.md", *PAGES]:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        for paragraph in re.split(r"\n\s*\n|\n(?=\s*[-*|] )", text):  # paragraphs, items
+            named = {m for m in stateful if re.search(rf"\b{m}\b", paragraph)}
+            about = re.search(r"per-user state|state per user|keeps? (?:a )?state", paragraph)
+            if about and len(named) >= 3:
+                assert named == stateful, (path.name, sorted(stateful - named), paragraph)
+                checked += 1
+    assert checked >= 3
+
+
+SHAPE = (
+    "What ran",
+    "Hardware",
+    "Time",
+    "Command",
+    "Expected result",
+    "Where it differs from the paper",
+    "Environment",
+)
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.parent.name)
+def test_every_results_page_has_the_one_shape(path):
+    """What ran, on what, how long, the command, what to expect, where it differs from
+    the paper, and how to make the same environment: first, in that order."""
+    card = path.read_text().split("## At a glance\n\n")[1].split("\n\n")[0]
+    rows = re.findall(r"^\| \*\*(.+?)\*\* \| (.+) \|$", card, re.M)
+    assert tuple(k for k, _ in rows) == SHAPE
+    assert all(v.strip() for _, v in rows)
+    assert "pip install" in dict(rows)["Environment"]
+
+
+def test_the_projects_basics_are_there_and_agree():
+    license = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license and "Version 2.0, January 2004" in license
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '\nlicense = "Apache-2.0"\nlicense-files = ["LICENSE"]\n' in pyproject
+    version = re.search(r'^version = "(.+)"$', pyproject, re.M).group(1)
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["version"] == version
+    assert {"message", "title", "authors"} <= set(cff) and cff["license"] == "Apache-2.0"
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert f"## [{version}]" in changelog and "## [0.1.0]" in changelog
+    policy = changelog.split("## Versioning")[1].split("## [Unreleased]")[0]
+    assert "perfed_ray/config/legacy.py" in policy
+    aliases = set(re.findall(r"`(\w+_\w+)`", policy))  # the old keys it says still read
+    assert len(aliases) >= 3 and aliases <= set(legacy_keys()), aliases - set(legacy_keys())
+    assert legacy_keys()["ditto_lambda"] == "ditto.lambda" and "`ditto.lambda`" in policy
+    contributing = (REPO / "CONTRIBUTING.md").read_text()
+    for fact in (
+        '-m "not slow"',
+        "ruff format --check",
+        "mkdocs build --strict",
+        "python experiments/bench/report.py",
+        "python docs/hooks.py",
+    ):
+        assert fact in contributing, fact
+    assert yaml.safe_load((REPO / "mkdocs.yml").read_text().replace("!!", ""))["repo_url"]
+
+
+def test_user_facing_pages_name_no_machine_paths_issues_or_neighbours():
+    pages = [
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "cluster/README.md",
+        *PAGES,
+        REPO / "experiments/bench/BENCHMARKS.md",
+    ]
+    for path in pages:
+        text = path.read_text()
+        for stale in ("/work/", "shared/tools", "(issue", "issue 3", "other sessions"):
+            assert stale not in text, (path.relative_to(REPO), stale)
+        assert not re.search(r"\blent\b", text), path.relative_to(REPO)  # "no GPU lent"
 
 
 def test_the_readmes_speed_figures_are_the_benchmarks_own():
@@ -185,3 +347,93 @@ def test_the_privacy_pages_epsilon_example_reads_what_the_accountant_spent(
     assert scope["spent"].tolist() == [pytest.approx(spent, rel=1e-12)] and spent <= 8.0
     printed = capsys.readouterr().out
     assert "privacy.noise_multiplier" in printed and "epsilon" in printed
+
+
+def _run_as_printed(text: str, scope: dict) -> list[str]:
+    """Run a page's code blocks in order, as a reader would: each `perfed-ray ...`
+    command of a bash block through the command's own entry (`cli.main`, in this
+    process, on the test session's Ray), each Python block in one namespace. Returns
+    the commands run."""
+    ran = []
+    for language, body in re.findall(r"```(bash|python)\n(.*?)```", text, re.S):
+        if language == "python":
+            exec(body, scope)
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            if line.startswith("pip install") or line.startswith("python -c"):
+                continue  # the install, done; a check of the machine's torch
+            words = shlex.split(line, comments=True)
+            assert words[0] == "perfed-ray", line
+            assert cli.main(words[1:]) == 0, line
+            ran.append(line)
+    return ran
+
+
+@pytest.fixture
+def reader(tmp_path, monkeypatch):
+    """A reader's folder: the repository's experiments/ beside it (the pages' paths),
+    matplotlib without a display."""
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    return tmp_path
+
+
+@pytest.mark.slow  # two 30-round MNIST runs and the reading of their tables
+def test_the_tutorial_runs_as_printed_and_says_what_it_finds(ray_session, reader):
+    text = page("tutorial.md")
+    scope: dict = {}
+    ran = _run_as_printed(text, scope)
+    assert len(ran) == 3 and all("tutorial/mnist.yaml" in r or "summary" in r for r in ran)
+    assert (reader / "accuracy.png").stat().st_size > 10_000
+    final = scope["final"]
+    before = final.groupby("algorithm", observed=True)["acc_before"].mean()
+    after = scope["headline"].groupby(level="algorithm").mean()
+    measured = [before["perfedavg-hf"], before["fedavg"], after["perfedavg-hf"], after["fedavg"]]
+    quoted = [int(f) for f in re.findall(r"(\d+)%", block(text, "tutorial-figures"))]
+    assert len(quoted) == 4
+    for figure, value in zip(quoted, measured, strict=True):
+        assert abs(figure - 100 * value) <= 1.5, (quoted, measured)
+
+
+@pytest.mark.slow  # a 10-round run of the page's own data set and partition
+def test_the_own_data_page_runs_as_printed(ray_session, reader):
+    text = page("guide/own-data.md")
+    (reader / "my_data.py").write_text(code(text, "own-data"))
+    ran = _run_as_printed(text.replace(block(text, "own-data"), ""), {})
+    assert len(ran) == 1
+    runs = pd.read_parquet(reader / "results" / "runs")
+    assert runs[["dataset", "partition", "status"]].values.tolist() == [
+        ["my_data:MY_DIGITS", "my_data:two_classes", "finished"]
+    ]
+    evals = pd.read_parquet(reader / "results" / "evals")
+    assert evals["n_train"].eq(100).all() and evals["n_test"].eq(20).all()
+
+
+@pytest.mark.slow  # a run's start on the shared Ray (a whole run where there is a GPU)
+def test_the_gpu_pages_commands_run_as_printed(ray_session, reader, capsys):
+    """Where there is no GPU (CI), the run asking for a GPU share stops with status 2 and
+    the line the page quotes; on a GPU machine it runs."""
+    text = page("guide/gpu.md")
+    commands = re.findall(r"```bash\n(.*?)```", text, re.S)
+    check, run = commands
+    shown = subprocess.run(shlex.split(check), capture_output=True, text=True, check=True)
+    assert shown.stdout.split() == [str(torch.cuda.is_available()), str(torch.cuda.device_count())]
+    words = shlex.split(run)
+    assert words[0] == "perfed-ray"
+    if torch.cuda.is_available():
+        assert cli.main(words[1:]) == 0
+        return
+    assert cli.main(words[1:]) == 2
+    said = capsys.readouterr().err
+    quoted = re.search(r"`(each actor asks for .*?) \.\.\.`", text, re.S).group(1)
+    assert " ".join(quoted.split()) in said
+
+
+def test_the_results_and_gpu_pages_read_a_results_folder_as_printed(tiny_results, reader, capsys):
+    (reader / "results").symlink_to(tiny_results)
+    for path, name in (("guide/results.md", "pandas"), ("guide/gpu.md", "gpu-actors")):
+        exec(code(page(path), name), {})
+    shown = capsys.readouterr().out
+    assert "acc_after" in shown and "cpu" in shown and "wall_seconds" in shown

@@ -62,7 +62,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the ways in: the Python API, sweeps of it, the command line, the package's door
     ("api",),
     ("sweep",),
-    ("cli", "__init__"),
+    ("cli", "clidocs", "__init__"),
 ]
 
 

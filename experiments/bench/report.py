@@ -250,10 +250,9 @@ def notes_section() -> Fills:
         "the same two cores, and 30 random permutations per user to draw D, D' and D'' "
         "exactly as the committed runs did.",
         f"- The whole 300-round run is {speedup} the single-thread loop, one measurement "
-        f"each, minutes apart, so the ratio moves with the shared machine:{share} the "
+        f"each, minutes apart, so the ratio moves with the machine's load:{share} the "
         "loop here is this project's `sequential` engine, which gathers "
-        "batches with `index_select` and updates in one pass (the issue's plain loop took "
-        "128 s for these rounds on its machine).",
+        "batches with `index_select` and updates in one pass.",
     ]
     return {"notes": _bullets(lines)}
 
@@ -864,7 +863,7 @@ def gpu_target(frame: pd.DataFrame | None) -> tuple[str, str, str]:
     every run of it, gpu.py's and the repeats') and with it."""
     text = "one H100: HF >= 100,000 user-steps/s (fused, fractional-GPU actors)"
     if frame is None or not frame["gpu"].str.contains("H100").all():
-        return text, "not measured (no H100 lent)", "-"
+        return text, "not measured (no H100)", "-"
     pick = _default_hf(frame)
     repeats = gpu_repeats()
     plain = pd.concat([pick[~pick["mps"]], *([] if repeats is None else [_default_hf(repeats)])])

@@ -27,94 +27,128 @@ def config_schema(cfg: RunConfig) -> pa.Schema:
     return pa.schema([*CONFIG_SCHEMA, *((k, _ARROW[declared[k].type]) for k, _ in cfg.settings)])
 
 
-RUNS_SCHEMA = pa.schema(
-    [
-        ("status", pa.string()),  # running, finished, failed, diverged, interrupted, stopped
-        ("error", pa.string()),
-        ("started_at", TIMESTAMP),
-        ("ended_at", TIMESTAMP),
-        ("wall_seconds", pa.float64()),
-        ("rounds_done", pa.int64()),
-        # the epsilon spent over rounds_done rounds, at privacy.delta (inf: no privacy)
-        ("epsilon", pa.float64()),
-        ("resumes", pa.int64()),  # how many times the run was continued with --resume
-        ("startup_seconds", pa.float64()),  # from the run's start until every actor is ready
-        ("driver_peak_memory_bytes", pa.int64()),
-        ("actors_peak_memory_bytes", pa.int64()),
-        ("n_actors", pa.int64()),
-        ("actor_cpus", pa.float64()),
-        ("actor_gpus", pa.float64()),
-        ("command", pa.string()),
-        ("hostname", pa.string()),
-        ("python_version", pa.string()),
-        ("perfed_ray_version", pa.string()),
-        ("ray_version", pa.string()),
-        ("torch_version", pa.string()),
-        ("numpy_version", pa.string()),
-        ("pyarrow_version", pa.string()),
-    ]
+MEANINGS: dict[str, dict[str, str]] = {}  # table -> column -> what it holds
+
+
+def _table(name: str, *columns: tuple[str, pa.DataType, str]) -> pa.Schema:
+    """A table's own columns as (name, type, meaning). The meaning is declared beside
+    the type, not in a page, because the docs' column reference (docs/reference/
+    results.md, from :func:`perfed_ray.results.docs.reference_text`) is generated from
+    it: a new column is documented where it is added, or nowhere."""
+    MEANINGS[name] = {column: meaning for column, _, meaning in columns}
+    return pa.schema([(column, kind) for column, kind, _ in columns])
+
+
+RUNS_SCHEMA = _table(
+    RUNS,
+    ("status", pa.string(), "running, finished, failed, diverged, interrupted or stopped"),
+    ("error", pa.string(), "the first line of what stopped the run (null when nothing did)"),
+    ("started_at", TIMESTAMP, "when the run first started"),
+    ("ended_at", TIMESTAMP, "when it ended (null while running)"),
+    (
+        "wall_seconds",
+        pa.float64(),
+        "seconds spent on the run, over all its sittings (not the gaps)",
+    ),
+    ("rounds_done", pa.int64(), "rounds completed"),
+    (
+        "epsilon",
+        pa.float64(),
+        "the epsilon spent over `rounds_done` rounds, at `privacy.delta` (inf: no privacy)",
+    ),
+    ("resumes", pa.int64(), "how many times the run was continued with `--resume`"),
+    ("startup_seconds", pa.float64(), "from the run's start until every actor holds its users"),
+    ("driver_peak_memory_bytes", pa.int64(), "the driver process's peak resident memory"),
+    ("actors_peak_memory_bytes", pa.int64(), "the actors' peak resident memory, all together"),
+    ("n_actors", pa.int64(), "actors that hosted users"),
+    ("actor_cpus", pa.float64(), "CPUs reserved by each actor"),
+    ("actor_gpus", pa.float64(), "GPUs (a fraction where shared) reserved by each actor"),
+    ("command", pa.string(), "the command line that started the run"),
+    ("hostname", pa.string(), "the driver's machine"),
+    ("python_version", pa.string(), "the driver's Python"),
+    ("perfed_ray_version", pa.string(), "perfed-ray's version"),
+    ("ray_version", pa.string(), "Ray's version"),
+    ("torch_version", pa.string(), "PyTorch's version"),
+    ("numpy_version", pa.string(), "NumPy's version"),
+    ("pyarrow_version", pa.string(), "pyarrow's version"),
 )
 
-ROUNDS_SCHEMA = pa.schema(
-    [
-        ("round", pa.int64()),
-        ("users", pa.list_(pa.int64())),
-        ("n_sampled", pa.int64()),
-        ("n_reported", pa.int64()),  # sampled users whose update was averaged
-        ("train_loss", pa.float64()),
-        ("wall_seconds", pa.float64()),
-        ("train_seconds", pa.float64()),  # the training calls, out and back
-        ("actor_seconds", pa.float64()),  # the slowest actor's own time in its call
-        ("server_seconds", pa.float64()),  # the server's step after the sums came
-        ("bytes_sent", pa.int64()),
-        ("bytes_received", pa.int64()),
-        # Differential privacy's epsilon spent after this round, at privacy.delta (inf:
-        # no privacy; null in results written before privacy existed).
-        ("epsilon", pa.float64()),
-    ]
+ROUNDS_SCHEMA = _table(
+    ROUNDS,
+    ("round", pa.int64(), "1 to `rounds`"),
+    ("users", pa.list_(pa.int64()), "the ids of the users sampled"),
+    ("n_sampled", pa.int64(), "how many were sampled"),
+    (
+        "n_reported",
+        pa.int64(),
+        "sampled users whose update was averaged (not dropped out or cut as stragglers)",
+    ),
+    ("train_loss", pa.float64(), "mean over reporting users and local steps of the training loss"),
+    ("wall_seconds", pa.float64(), "the round's seconds on the driver"),
+    ("train_seconds", pa.float64(), "the training calls, out and back"),
+    ("actor_seconds", pa.float64(), "the slowest actor's own time in its call"),
+    ("server_seconds", pa.float64(), "the server's step after the sums came"),
+    (
+        "bytes_sent",
+        pa.int64(),
+        "the global weights, once per actor called (in a span of "
+        "rounds, once, with its first round)",
+    ),
+    ("bytes_received", pa.int64(), "one float64 sum of weights per actor called"),
+    (
+        "epsilon",
+        pa.float64(),
+        "differential privacy's epsilon spent after this round, at "
+        "`privacy.delta` (inf: no privacy; null in results written before privacy existed)",
+    ),
 )
 
-EVALS_SCHEMA = pa.schema(
-    [
-        ("round", pa.int64()),
-        ("final", pa.bool_()),
-        ("user", pa.int64()),
-        ("group", pa.string()),
-        ("draw", pa.int64()),
-        ("n_train", pa.int64()),
-        ("n_test", pa.int64()),
-        ("acc_before", pa.float64()),
-        ("loss_before", pa.float64()),
-        ("acc_after", pa.float64()),  # after personalise_steps steps
-        ("loss_after", pa.float64()),
-        ("acc_steps", pa.list_(pa.float64())),  # after 0, 1, ..., personalise_steps steps
-        ("loss_steps", pa.list_(pa.float64())),
-        ("unseen", pa.bool_()),  # never sampled for training (unseen_users)
-    ]
+EVALS_SCHEMA = _table(
+    EVALS,
+    ("round", pa.int64(), "the round evaluated after (0: the initial model)"),
+    ("final", pa.bool_(), "the final evaluation, with `final_eval_draws` draws"),
+    ("user", pa.int64(), "the user's id"),
+    ("group", pa.string(), "A or B in the paper's split (null in others)"),
+    ("draw", pa.int64(), "which independent adaptation draw"),
+    ("n_train", pa.int64(), "the user's training samples"),
+    ("n_test", pa.int64(), "the user's test samples"),
+    ("acc_before", pa.float64(), "test accuracy of the global model, before personalisation"),
+    ("loss_before", pa.float64(), "test loss of the global model"),
+    (
+        "acc_after",
+        pa.float64(),
+        "test accuracy after the method's personalisation (`personalise_steps` steps)",
+    ),
+    ("loss_after", pa.float64(), "test loss after personalisation"),
+    (
+        "acc_steps",
+        pa.list_(pa.float64()),
+        "test accuracy after 0, 1, ..., `personalise_steps` steps",
+    ),
+    ("loss_steps", pa.list_(pa.float64()), "test loss after 0, 1, ..., `personalise_steps` steps"),
+    ("unseen", pa.bool_(), "never sampled for training (`unseen_users`)"),
 )
 
-EVENTS_SCHEMA = pa.schema(
-    [
-        ("round", pa.int64()),
-        ("kind", pa.string()),  # actor-died, dropout, straggler
-        ("actor", pa.int64()),  # null for events of users, not actors
-        ("users", pa.list_(pa.int64())),
-        ("detail", pa.string()),
-    ]
+EVENTS_SCHEMA = _table(
+    EVENTS,
+    ("round", pa.int64(), "the round it happened in"),
+    ("kind", pa.string(), "actor-died, dropout or straggler"),
+    ("actor", pa.int64(), "the actor (null for events of users, not actors)"),
+    ("users", pa.list_(pa.int64()), "the users concerned"),
+    ("detail", pa.string(), "what happened, in words"),
 )
 
-ACTORS_SCHEMA = pa.schema(
-    [
-        ("actor", pa.int64()),
-        ("incarnation", pa.int64()),  # 0 at the start; +1 for each replacement
-        ("from_round", pa.int64()),  # the first round this incarnation served
-        ("users", pa.list_(pa.int64())),
-        ("node_id", pa.string()),
-        ("node_ip", pa.string()),
-        ("pid", pa.int64()),
-        ("device", pa.string()),
-        ("gpu_ids", pa.list_(pa.string())),
-    ]
+ACTORS_SCHEMA = _table(
+    ACTORS,
+    ("actor", pa.int64(), "the actor's index"),
+    ("incarnation", pa.int64(), "0 at the start; +1 for each replacement"),
+    ("from_round", pa.int64(), "the first round this incarnation served"),
+    ("users", pa.list_(pa.int64()), "the users it hosts"),
+    ("node_id", pa.string(), "the Ray node it ran on"),
+    ("node_ip", pa.string(), "that node's address"),
+    ("pid", pa.int64(), "its process id"),
+    ("device", pa.string(), "where its users' work ran: cpu or cuda (which GPU: gpu_ids)"),
+    ("gpu_ids", pa.list_(pa.string()), "the GPUs Ray gave it"),
 )
 
 SCHEMAS = {
