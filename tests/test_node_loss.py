@@ -17,18 +17,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from test_cluster import LOCAL_SH, assert_same_as_local, cli, local_cluster
+from test_cluster import LOCAL_SH, REPO, assert_same_as_local, cli, local_cluster
 
 from perfed_ray.results.reader import read_table
 
+sys.path.insert(0, str(REPO / "experiments" / "bench"))
+# The head's failure detector shortened (a health check a second, dead after five
+# missed), and which worker node hosts an actor: as the benchmark of the same loss.
+from node_loss import FAST_DETECTION, worker_with_an_actor
+
 pytestmark = pytest.mark.slow
 
-# The head's failure detector: a health check a second, dead after five missed.
-FAST_DETECTION = {
-    "RAY_health_check_period_ms": "1000",
-    "RAY_health_check_timeout_ms": "1000",
-    "RAY_health_check_failure_threshold": "5",
-}
 # Three actors of two users (a local run places them the same), checkpoints every two
 # rounds; the node is killed once round 5's progress line is out.
 RUN = {
@@ -47,20 +46,10 @@ KILL_AT = 5
 PERFED_RAY = [sys.executable, "-m", "perfed_ray.cli"]
 
 
-def _worker_hosting_an_actor(state: Path) -> int:
-    """The index of a worker node (not the head) whose process group runs a user actor."""
-    for i, line in enumerate((state / "pids").read_text().splitlines()):
-        pid, name = line.split()
-        ps = subprocess.run(["ps", "-o", "args=", "-g", pid], capture_output=True, text=True)
-        if name != "head" and "UserActor" in ps.stdout:
-            return i
-    raise AssertionError("no worker node hosts a user actor")
-
-
 def _kill_node(env: dict, node: int | None = None) -> int:
     """SIGKILL node `node` (None: a worker hosting an actor) whole; its index."""
     state = Path(env["PERFED_CLUSTER_DIR"])
-    node = _worker_hosting_an_actor(state) if node is None else node
+    node = worker_with_an_actor(state) if node is None else node
     killed = subprocess.run(
         ["bash", str(LOCAL_SH), "kill-node", str(node)], env=env, capture_output=True, text=True
     )

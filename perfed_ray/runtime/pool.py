@@ -107,7 +107,7 @@ class StateLost(RuntimeError):
 
 class NodeLost(StateLost):
     """A node died with actors hosting users with per-user state: the run rolls back,
-    its actors restarted on the nodes that are left (:func:`.placement.fitted`)."""
+    its actors restarted on the nodes that are left (:func:`.placement.packed`)."""
 
     def __init__(self, round_: int, node: str, actors: dict[int, list[int]], detail: str) -> None:
         first = min(actors)

@@ -71,7 +71,6 @@ from perfed_ray.runtime.placement import (
 from perfed_ray.runtime.pool import (
     PLACE_TIMEOUT_S,
     ActorPool,
-    NodeLost,
     NoRoom,
     Request,
     StateLost,
@@ -177,8 +176,8 @@ def _peak_memory(pool: ActorPool) -> dict[str, int]:
     }
 
 
-def _share_left(lost: NodeLost, request: Request, n_actors: int) -> Request | None:
-    """What each of the run's actors asks Ray for once `lost`'s node is gone: the
+def _share_left(lost: StateLost, request: Request, n_actors: int) -> Request | None:
+    """What each of the run's actors asks Ray for once `lost`'s actors are gone: the
     placement's `request` while the nodes left hold them all (None), else a smaller
     share that packs them in; NoRoom where none can."""
     share = packed(request, _nodes(), n_actors)
@@ -281,9 +280,9 @@ def run(
     """Start the actors and run the rounds of a placed run (a stopped one from its
     `checkpoint`), writing its rows with `writer` and its checkpoints into `store`, and
     adding to its runs `row` what it measures. An actor that dies holding users' state
-    sends the run back to its last checkpoint (:class:`RollBacks`); where it died with
-    its node, every actor then asks for what the nodes left can hold, and Ray has
-    PLACE_TIMEOUT_S to place them (a trial's placement group: to move its bundles)."""
+    sends the run back to its last checkpoint (:class:`RollBacks`); every actor then
+    asks for what the nodes left can hold (the same where no node was lost), and Ray
+    has PLACE_TIMEOUT_S to place them (a trial's placement group: to move its bundles)."""
     prepared, placement, group, cfg = placed.prepared, placed.placement, placed.group, placed.cfg
     if placed.record.resumes:
         writer.resume(checkpoint.rows if checkpoint else {})
@@ -337,10 +336,11 @@ def run(
                 checkpoint = rollbacks.restore(lost)
                 pool.stop()
                 incarnations = [i + 1 for i in pool.incarnations]  # all restarted
-                if isinstance(lost, NodeLost):
-                    bound = PLACE_TIMEOUT_S
-                    if request is not None:
-                        share = _share_left(lost, request, len(placement.blocks))
+                # The cluster may have lost nodes with the actors (a host that died
+                # with states on their way home says only that it died).
+                bound = PLACE_TIMEOUT_S
+                if request is not None:
+                    share = _share_left(lost, request, len(placement.blocks))
         row.update(_peak_memory(pool))
     finally:
         if rounds is not None:
