@@ -215,9 +215,6 @@ class ActorPool:
             self.nodes[i] = described["node_id"]
             self.record("actors", [self._row(i, described, from_round)])
 
-    def describe(self) -> list[dict[str, Any]]:
-        return ray.get([a.describe.remote() for a in self.actors])
-
     def peak_memory(self) -> int:
         """The actors' peak resident memory together, of those still alive to say."""
         refs = [a.describe.remote() for a in self.actors]
