@@ -135,6 +135,7 @@ def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matche
             config, out, address, env, node=0, RAY_gcs_rpc_server_reconnect_timeout_s="5"
         )
     assert code != 0, stderr
+    assert read_table(out, "runs")["status"].iloc[0] == "running"  # the driver is gone
     [run_dir] = (out / "checkpoints").iterdir()
     with local_cluster(2, PERFED_CLUSTER_CPUS="2", **FAST_DETECTION) as (address, env, _):
         resumed = cli("run", "--resume", str(run_dir), "--address", address, env=env, cwd=tmp_path)
@@ -159,4 +160,7 @@ def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matche
         _kill_node(env)
         output, _ = sweep.communicate(timeout=300)
     assert sweep.returncode == 0, output
+    # The trial lost something: its actors, replaced, or its driver, and Tune restored it.
+    swept = read_table(tmp_path / "swept", "runs")
+    assert swept["resumes"].iloc[0] == 1 or not _node_died(tmp_path / "swept").empty
     assert_same_as_local(tmp_path / "swept", config, tmp_path / "local-sweep")
