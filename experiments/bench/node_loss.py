@@ -1,7 +1,7 @@
 """How long a run on a cluster takes to go on after one of its worker nodes dies, and
 whether its rows are still those of a local run.
 
-    python experiments/bench/node_loss.py [--rounds 60] [--kill-at 20] [--smoke] [--out DIR]
+    python experiments/bench/node_loss.py [--rounds 40] [--kill-at 15] [--smoke] [--out DIR]
 
 For each case, a head and two worker nodes from `cluster/local.sh` (its own state
 folder and ports): `room`, two CPUs a node, so a replacement actor finds a free CPU;
@@ -146,8 +146,8 @@ def same_rows(out: Path, local: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--kill-at", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--kill-at", type=int, default=15)
     parser.add_argument("--fast-detection", action="store_true")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
