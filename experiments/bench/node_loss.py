@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -118,6 +119,7 @@ def one_case(config: Path, cpus: str, kill_at: int, fast: bool, out: Path) -> di
             raise RuntimeError(f"the run on the cluster failed (exit {run.returncode})")
     finally:
         _local_sh(env, "down")
+        shutil.rmtree(state, ignore_errors=True)
     events = read_table(out, "events")
     died = events[events["kind"] == "node-died"]
     rounds = read_table(out, "rounds").set_index("round")["wall_seconds"]
