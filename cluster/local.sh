@@ -7,7 +7,14 @@
 #
 #   cluster/local.sh up [N]   start a head and N worker nodes (default 1)
 #   cluster/local.sh status   the nodes and their resources
+#   cluster/local.sh kill-node I   SIGKILL worker node I (0: the head) whole, every
+#                             process of it at once, as when a machine vanishes
 #   cluster/local.sh down     stop every process this script started
+#
+# Each node runs in its own session (setsid), led by its `ray start --block`: its
+# raylet, agents and workers (which Ray puts in process groups of their own) all keep
+# that session, so signalling the session's processes reaches all of the node, and
+# nothing else.
 #
 # Settings (environment variables):
 #   PERFED_CLUSTER_DIR     state, logs and Ray's session files (default /tmp/perfed-ray-cluster;
@@ -16,6 +23,9 @@
 #                          PORT+1, the dashboard PORT+2, node i's dashboard agent PORT+10+i
 #   PERFED_CLUSTER_CPUS    CPUs each node declares (default 1)
 #   PERFED_CLUSTER_OBJECT_STORE_BYTES   each node's object store (default 500000000)
+#   RAY_health_check_period_ms, RAY_health_check_timeout_ms,
+#   RAY_health_check_failure_threshold   how soon the head declares a silent node dead
+#                          (Ray's defaults: 3000, 10000, 5); read by the head as it starts
 #   RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token   the cluster's token, in Ray's
 #                          order; when none is set, `ray get-auth-token --generate` makes
 #                          ~/.ray/auth_token (readable by you only)
@@ -40,6 +50,11 @@ die() { echo "local.sh: $*" >&2; exit 1; }
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 
+# kill_session SIGNAL SID: signal every process of session SID (a node, all of it).
+kill_session() {
+  ps -eo pid=,sid= | awk -v s="$2" '$2 == s {print $1}' | xargs -r kill "-$1" 2>/dev/null || true
+}
+
 ensure_token() {
   if [ -n "${RAY_AUTH_TOKEN:-}" ]; then
     echo "token: \$RAY_AUTH_TOKEN"
@@ -55,10 +70,11 @@ ensure_token() {
   fi
 }
 
-# start_node NAME ARGS...: one `ray start --block` in the background, its pid in $DIR/pids.
+# start_node NAME ARGS...: one `ray start --block` in the background, in a session of its
+# own (so its pid is its process group's id), its pid in $DIR/pids.
 start_node() {
   local name=$1; shift
-  nohup ray start --block --num-cpus="$CPUS" --num-gpus=0 \
+  nohup setsid ray start --block --num-cpus="$CPUS" --num-gpus=0 \
     --object-store-memory="$OBJECT_STORE" --temp-dir="$DIR/ray" --disable-usage-stats \
     "$@" >"$DIR/$name.log" 2>&1 </dev/null &
   echo "$! $name" >>"$DIR/pids"
@@ -137,12 +153,23 @@ down() {
     [ "$left" -eq 0 ] && break
     sleep 1
   done
-  # Whatever is left: each `ray start --block` leads the process group of its node.
-  for pid in $pids; do
-    alive "$pid" && kill -KILL -- "-$pid" 2>/dev/null || true
-  done
+  # Whatever is left in each node's session (its `ray start --block` may itself be
+  # gone): raylets, agents, workers.
+  for pid in $pids; do kill_session KILL "$pid"; done
   rm -f "$DIR/pids"
   echo "Ray cluster from $DIR stopped"
+}
+
+kill_node() {
+  local i=${1:-} name pid
+  [[ "$i" =~ ^[0-9]+$ ]] || die "usage: local.sh kill-node I (0: the head, I: worker I)"
+  [ -f "$DIR/pids" ] || die "no cluster started from $DIR"
+  name=$([ "$i" -eq 0 ] && echo head || echo "worker$i")
+  pid=$(awk -v n="$name" '$2 == n {print $1}' "$DIR/pids")
+  [ -n "$pid" ] || die "no node $name in $DIR/pids"
+  ps -o pid= -s "$pid" >/dev/null || die "$name (session $pid) is not running"
+  kill_session KILL "$pid"
+  echo "killed $name (session $pid)"
 }
 
 status() {
@@ -156,6 +183,7 @@ status() {
 case "${1:-}" in
   up) shift; up "$@" ;;
   down) down ;;
+  kill-node) shift; kill_node "$@" ;;
   status) status ;;
-  *) die "usage: local.sh up [N] | status | down" ;;
+  *) die "usage: local.sh up [N] | status | kill-node I | down" ;;
 esac

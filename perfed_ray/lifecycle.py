@@ -51,9 +51,9 @@ def status_of(err: BaseException | None) -> str:
 def expected(err: BaseException) -> bool:
     """Whether a run ended the way runs are meant to be able to end (its message says
     it all), rather than by a defect whose traceback is worth keeping."""
-    from perfed_ray.runtime.pool import WorkFailed
+    from perfed_ray.runtime.pool import RunLost
 
-    return status_of(err) != "failed" or isinstance(err, WorkFailed)
+    return status_of(err) != "failed" or isinstance(err, RunLost)
 
 
 def new_run_id(algorithm: str) -> str:

@@ -337,3 +337,13 @@ def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_resu
     made = report.render(report.TEMPLATE.read_text()).rstrip("\n") + "\n"
     assert made == (BENCH / "BENCHMARKS.md").read_text()
     assert "{{" not in made and "<!--" not in made
+
+
+@pytest.mark.slow
+def test_the_node_loss_benchmark_times_a_run_that_loses_a_node(tmp_path):
+    """On a real three-node cluster/local.sh: the node dies mid-run, the run goes on to
+    a local run's rows, and the round in flight is the slow one."""
+    rows, _ = _smoke("node_loss", tmp_path)
+    assert rows["same_rows_as_local"].all() and (rows["actors_lost"] >= 1).all()
+    assert (rows["recovery_round_seconds"] > rows["median_round_seconds"]).all()
+    assert "asking Ray for 0 CPU" in rows["detail"].iloc[0]  # no room: it shares a CPU

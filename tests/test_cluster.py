@@ -13,6 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -34,12 +37,12 @@ CONFIG = (
 )
 
 
-def _free_base_port() -> int:
-    """A base port whose offsets used by local.sh (0, 1, 2, 10, 11) are all free."""
+def _free_base_port(workers: int = WORKERS) -> int:
+    """A base port whose offsets used by local.sh (0, 1, 2, 10, 10 + i) are all free."""
     for _ in range(100):
         base = random.randrange(20000, 29000)
         try:
-            for offset in (0, 1, 2, 10, 10 + WORKERS):
+            for offset in (0, 1, 2, *range(10, 11 + workers)):
                 with socket.socket() as s:
                     s.bind(("", base + offset))
             return base
@@ -60,38 +63,40 @@ def _env(**values: str | None) -> dict[str, str]:
     return env
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _session(sid: int) -> str:
+    """The processes left in session `sid` (a node's, led by its `ray start`), if any."""
+    return subprocess.run(
+        ["ps", "-o", "pid=", "-s", str(sid)], capture_output=True, text=True
+    ).stdout
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A head and one worker node with a fresh token; yields (address, env with the
-    token). Torn down in any case, and checked to be gone."""
+@contextmanager
+def local_cluster(workers: int = WORKERS, **settings: str) -> Iterator[tuple[str, dict, Path]]:
+    """A head and `workers` worker nodes with a fresh token, `settings` in the nodes'
+    environment (PERFED_CLUSTER_CPUS, RAY_ configuration); yields (address, env with
+    the token, the cluster's state folder). Torn down in any case, and checked to be
+    gone: every process of every node."""
     # Short: Ray's Unix sockets live under it (a pytest tmp_path is too long for them).
     state = Path(tempfile.mkdtemp(prefix="prc-", dir="/tmp"))
-    port = _free_base_port()
+    port = _free_base_port(workers)
     env = _env(
         PERFED_CLUSTER_DIR=str(state),
         PERFED_CLUSTER_PORT=str(port),
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=secrets.token_hex(32),
         RAY_ADDRESS=None,
+        **settings,
     )
     try:
         up = subprocess.run(
-            ["bash", str(LOCAL_SH), "up", str(WORKERS)],
+            ["bash", str(LOCAL_SH), "up", str(workers)],
             env=env,
             capture_output=True,
             text=True,
             timeout=240,
         )
         assert up.returncode == 0, up.stdout + up.stderr
-        yield f"127.0.0.1:{port}", env
+        yield f"127.0.0.1:{port}", env, state
     finally:
         pids = (
             [int(line.split()[0]) for line in (state / "pids").read_text().splitlines()]
@@ -103,10 +108,22 @@ def cluster():
         )
         shutil.rmtree(state, ignore_errors=True)
         assert down.returncode == 0, down.stdout + down.stderr
-        assert not [pid for pid in pids if _alive(pid)], "cluster processes left running"
+        for _ in range(50):  # processes just killed take a moment to be reaped
+            left = {pid: _session(pid) for pid in pids if _session(pid)}
+            if not left:
+                break
+            time.sleep(0.2)
+        assert not left, f"cluster processes left running: {left}"
 
 
-def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and one worker node; yields (address, env with the token)."""
+    with local_cluster() as (address, env, _):
+        yield address, env
+
+
+def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "perfed_ray.cli", *args],
         capture_output=True,
@@ -123,7 +140,7 @@ def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    result = _cli(
+    result = cli(
         "run",
         "--set",
         "dataset=gaussian",
@@ -151,7 +168,7 @@ def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_s
     address, env = cluster
     config = tmp_path / "mnist.yaml"
     config.write_text(CONFIG)
-    run = _cli(
+    run = cli(
         "run",
         str(config),
         "--address",
@@ -169,7 +186,7 @@ def test_run_on_the_cluster_spreads_users_and_matches_a_local_run(cluster, ray_s
     assert actors["node_id"].nunique() == 1 + WORKERS  # every node hosted users
     assert sorted(u for users in actors["users"] for u in users) == [0, 1, 2, 3]
 
-    _assert_same_as_local(tmp_path / "cluster", config, tmp_path / "local")
+    assert_same_as_local(tmp_path / "cluster", config, tmp_path / "local")
 
 
 @pytest.mark.slow
@@ -184,17 +201,17 @@ def test_a_sweep_on_the_cluster_places_each_trials_actors_and_matches_a_local_ru
     (tmp_path / "sweep.yaml").write_text(
         "base: mnist.yaml\nseeds: 1\nresources: {driver_cpus: 0, cpus: 2}\n"
     )
-    sweep = _cli(
+    sweep = cli(
         "sweep", "sweep.yaml", "--address", address, "--out", "swept", env=env, cwd=tmp_path
     )
     assert sweep.returncode == 0, sweep.stderr
     assert "Traceback" not in sweep.stderr
     actors = pd.read_parquet(tmp_path / "swept" / "actors")
     assert actors["node_id"].nunique() == 1 + WORKERS  # one actor on each one-CPU node
-    _assert_same_as_local(tmp_path / "swept", config, tmp_path / "local")
+    assert_same_as_local(tmp_path / "swept", config, tmp_path / "local")
 
 
-def _assert_same_as_local(out: Path, config: Path, local: Path) -> None:
+def assert_same_as_local(out: Path, config: Path, local: Path) -> None:
     """The rows under `out` have the numbers of `config` run on the session's plain Ray."""
     simulate(load(config), local, progress=False)
     for table, keys in (("rounds", ["round"]), ("evals", ["round", "user", "draw"])):
@@ -258,7 +275,7 @@ def test_a_client_without_the_token_is_refused(cluster, tmp_path, token, via):
     if via == "RAY_ADDRESS":
         env["RAY_ADDRESS"] = address
     where = ["--address", address] if via == "--address" else []
-    result = _cli("run", str(config), *where, "--out", str(tmp_path / "out"), env=env, cwd=tmp_path)
+    result = cli("run", str(config), *where, "--out", str(tmp_path / "out"), env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "refused this client's token" in errors[0], result.stderr

@@ -13,7 +13,7 @@ from perfed_ray.api import simulate
 from perfed_ray.config import from_mapping, revise
 from perfed_ray.models import build_model
 from perfed_ray.runtime import execution, simulation
-from perfed_ray.runtime.placement import Placement, balanced, spread
+from perfed_ray.runtime.placement import Placement, balanced, packed, spread
 
 EASY = {
     "dataset": "gaussian",
@@ -119,6 +119,22 @@ def test_one_user_per_actor_and_packed_actors_give_identical_numbers(ray_session
     for acc in ("acc_before", "acc_after"):
         assert ((e1[acc] - e2[acc]).abs() * e1["n_test"] <= 1 + 1e-9).all()
     assert (r1["bytes_received"] > r2["bytes_received"]).all()  # sums, not one model per user
+
+
+def test_actors_that_lost_nodes_ask_for_a_share_that_packs_them_onto_the_nodes_left():
+    """The same actors (so the same blocks, and numbers) on fewer CPUs: the largest
+    request of which all fit node by node, none where a node has no CPU left at all,
+    and no way on for actors that train on a GPU no node has any more."""
+    one_cpu = {"CPU": 1.0}
+    assert packed(one_cpu, [{"CPU": 2.0}, {"CPU": 2.0}], 3) == one_cpu  # room left
+    assert packed(one_cpu, [{"CPU": 1.0}, {"CPU": 1.0}], 3) == {"CPU": 0.5}  # 2 + 1
+    assert packed(one_cpu, [{"CPU": 2.0}, {"CPU": 1.0}], 4) == {"CPU": 0.6666}
+    assert packed({"CPU": 2.0}, [{"CPU": 0.0}], 2) == {"CPU": 0.0}
+    assert packed({"CPU": 1.0, "GPU": 0.5}, [{"CPU": 8.0}], 2) is None
+    assert packed({"CPU": 1.0, "GPU": 0.5}, [{"CPU": 8.0, "GPU": 1.0}], 4) == {
+        "CPU": 1.0,
+        "GPU": 0.25,
+    }
 
 
 def test_balanced_split_evens_the_work_of_a_round_moving_few_users():

@@ -423,6 +423,36 @@ def spans_section() -> Fills:
     }
 
 
+def node_loss_section() -> Fills:
+    """A worker node killed mid-run on a local three-node cluster (node_loss.py), if
+    measured."""
+    path = RESULTS / "node_loss.parquet"
+    if not path.exists():
+        return None
+    frame = pd.read_parquet(path)
+    table = pd.DataFrame(
+        {
+            "case": frame["case"],
+            "CPUs a node": frame["node_cpus"],
+            "node died in round": frame["node_died_in_round"],
+            "that round (s)": frame["recovery_round_seconds"].round(1),
+            "median round (s)": frame["median_round_seconds"].round(2),
+            "rows as a local run's": frame["same_rows_as_local"].map({True: "yes", False: "NO"}),
+        }
+    )
+    first = frame.iloc[0]
+    return {
+        "rounds": str(int(first["rounds"])),
+        "users": str(int(first["n_users"])),
+        "kill_at": str(int(first["kill_at"])),
+        "detection": "shortened as the tests do (`--fast-detection`)"
+        if first["fast_detection"]
+        else "Ray's defaults",
+        "machine": _machine(frame),
+        "table": _markdown(table),
+    }
+
+
 def flower_section() -> Fills:
     """FedAvg on Flower's simulation engine beside perfed-ray (flower.py), if measured."""
     path = RESULTS / "flower.parquet"
@@ -896,6 +926,7 @@ SECTIONS: dict[str, Callable[[], Fills]] = {
     "flower": flower_section,
     "pfl": pfl_section,
     "gpu": gpu_section,
+    "node_loss": node_loss_section,
 }
 _MARKER = re.compile(r"<!-- section (\w+)(?: (\w+))? -->\n")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")

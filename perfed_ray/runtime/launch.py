@@ -20,7 +20,7 @@ from perfed_ray.runtime.actor import UserActor
 from perfed_ray.runtime.checkpoint import Checkpoint
 from perfed_ray.runtime.environment import components
 from perfed_ray.runtime.placement import Placement
-from perfed_ray.runtime.pool import ActorFactory
+from perfed_ray.runtime.pool import ActorFactory, Request
 
 
 class Inputs(Protocol):
@@ -47,7 +47,10 @@ def actor_factory(
     its users' per-user states from the checkpoint the run continues from; the user's
     own components (dotted paths in the configuration) resolved here. Actors are
     spread over the cluster's nodes, or in a placement group, actor i takes bundle
-    i + 1 (bundle 0 is the driver's), so a replacement takes its predecessor's place."""
+    i + 1 (bundle 0 is the driver's), so a replacement takes its predecessor's place.
+    A `share` asked of Ray instead of the placement's request (a cluster that lost
+    nodes) changes where the actor fits, not how it computes: its threads stay the
+    placement's."""
     cfg = prepared.cfg
     shared = prepared.data is not None and cfg.data_transport == "object_store"
     data_ref = ray.put(prepared.data) if shared else None
@@ -56,7 +59,7 @@ def actor_factory(
     # made and stored once for all of them.
     everyone = ray.put(prepared.source(range(cfg.n_users))) if cfg.balance_rounds else None
 
-    def start(actor: int, incarnation: int) -> ray.actor.ActorHandle:
+    def start(actor: int, incarnation: int, share: Request | None = None) -> ray.actor.ActorHandle:
         block = placement.blocks[actor]
         states = checkpoint.states_of(block) if checkpoint else None
         where = (
@@ -64,9 +67,10 @@ def actor_factory(
             if group is None
             else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + actor)
         )
+        asked = share or {}
         return UserActor.options(
-            num_cpus=placement.num_cpus,
-            num_gpus=placement.num_gpus,
+            num_cpus=asked.get("CPU", placement.num_cpus),
+            num_gpus=asked.get("GPU", placement.num_gpus),
             scheduling_strategy=where,
             runtime_env=faults.actor_env(),
         ).remote(

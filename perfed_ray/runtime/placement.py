@@ -155,6 +155,26 @@ def group_share(specs: list[dict[str, float]]) -> Nodes:
     return [{k: sum(b.get(k, 0.0) for b in specs[1:]) for k in ("CPU", "GPU")}]
 
 
+def packed(request: dict[str, float], nodes: Nodes, n: int) -> dict[str, float] | None:
+    """What each of `n` actors asks Ray for so that all of them fit on `nodes` at once:
+    `request` where they do, else the largest smaller share of each resource that packs
+    them in (Ray's resources are logical: actors then share the nodes' CPUs). None where
+    no share can: a GPU request with no GPU left (a share of none would train on the
+    CPU). A run that lost nodes goes on so, with the same blocks, hence the same
+    numbers, on fewer CPUs."""
+    fitted = {}
+    for key, each in request.items():
+        have = [node.get(key, 0.0) for node in nodes]
+        shares = {_floor4(min(each, c / m)) for c in have for m in range(1, n + 1)}
+        fitted[key] = max(
+            (r for r in shares | {each} if r and sum(math.floor(c / r + 1e-9) for c in have) >= n),
+            default=0.0,
+        )
+        if key == "GPU" and not fitted[key]:
+            return None
+    return fitted
+
+
 def _amount(resources: dict[str, float]) -> str:
     return ", ".join(f"{resources.get(k, 0.0):g} {k}" for k in ("CPU", "GPU"))
 

@@ -32,6 +32,6 @@ class RollBacks:
         # the writer cut their rows: they are written again; rows of roll-backs to an
         # older checkpoint are in it and stay as they are.
         self.events = [(r, e) for r, e in self.events if r == restored]
-        self.events.append((restored, lost.event(restored)))
+        self.events += [(restored, event) for event in lost.events(restored)]
         self.writer.add("events", [event for _, event in self.events])
         return checkpoint

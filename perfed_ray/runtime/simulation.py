@@ -63,11 +63,18 @@ from perfed_ray.runtime.placement import (
     Placement,
     bundles,
     group_share,
+    packed,
     plan,
     unfit,
     with_resources,
 )
-from perfed_ray.runtime.pool import ActorPool, StateLost
+from perfed_ray.runtime.pool import (
+    PLACE_TIMEOUT_S,
+    ActorPool,
+    NoRoom,
+    Request,
+    StateLost,
+)
 from perfed_ray.runtime.rollbacks import RollBacks
 from perfed_ray.runtime.rounds import Progress, Rounds
 from perfed_ray.version import __version__
@@ -165,8 +172,18 @@ def _peak_memory(pool: ActorPool) -> dict[str, int]:
     """Peak resident memory of the driver and of all actors together."""
     return {
         "driver_peak_memory_bytes": peak_memory_bytes(),
-        "actors_peak_memory_bytes": sum(d["peak_memory_bytes"] for d in pool.describe()),
+        "actors_peak_memory_bytes": pool.peak_memory(),
     }
+
+
+def _share_left(lost: StateLost, request: Request, n_actors: int) -> Request | None:
+    """What each of the run's actors asks Ray for once `lost`'s actors are gone: the
+    placement's `request` while the nodes left hold them all (None), else a smaller
+    share that packs them in; NoRoom where none can."""
+    share = packed(request, _nodes(), n_actors)
+    if share is None:
+        raise NoRoom(lost.round, lost.actor, lost.users, "no GPU is left on the nodes alive")
+    return None if share == request else share
 
 
 def check_resources(cfg: RunConfig, blocks: list[range] | None = None) -> None:
@@ -263,7 +280,9 @@ def run(
     """Start the actors and run the rounds of a placed run (a stopped one from its
     `checkpoint`), writing its rows with `writer` and its checkpoints into `store`, and
     adding to its runs `row` what it measures. An actor that dies holding users' state
-    sends the run back to its last checkpoint (:class:`RollBacks`)."""
+    sends the run back to its last checkpoint (:class:`RollBacks`); every actor then
+    asks for what the nodes left can hold (the same where no node was lost), and Ray
+    has PLACE_TIMEOUT_S to place them (a trial's placement group: to move its bundles)."""
     prepared, placement, group, cfg = placed.prepared, placed.placement, placed.group, placed.cfg
     if placed.record.resumes:
         writer.resume(checkpoint.rows if checkpoint else {})
@@ -280,7 +299,8 @@ def run(
     stateful = keeps_user_state(strategy.algorithm, template)
     rollbacks = RollBacks(cfg.actor_retries, store, writer)
     work = round_work(prepared) if cfg.balance_rounds else None
-    incarnations = None
+    incarnations = share = bound = None
+    request = None if group is not None else bundles(placement)[0]
     pool = rounds = None
     try:
         while True:
@@ -291,6 +311,7 @@ def run(
                 writer.add,
                 replaceable=not stateful,
                 incarnations=incarnations,
+                request=request,
             )
             rounds = Rounds(
                 cfg,
@@ -305,7 +326,7 @@ def run(
             )
             try:
                 timeline.mark("actors")
-                pool.start(from_round=checkpoint.round + 1 if checkpoint else 0)
+                pool.start(checkpoint.round + 1 if checkpoint else 0, share, bound)
                 row.setdefault("startup_seconds", time.perf_counter() - placed.clock)
                 timeline.mark("rounds")
                 rounds.run()
@@ -315,6 +336,11 @@ def run(
                 checkpoint = rollbacks.restore(lost)
                 pool.stop()
                 incarnations = [i + 1 for i in pool.incarnations]  # all restarted
+                # The cluster may have lost nodes with the actors (a host that died
+                # with states on their way home says only that it died).
+                bound = PLACE_TIMEOUT_S
+                if request is not None:
+                    share = _share_left(lost, request, len(placement.blocks))
         row.update(_peak_memory(pool))
     finally:
         if rounds is not None:
