@@ -190,4 +190,13 @@ MEANINGS: dict[str, str] = {
         "deadline and is cut; recorded in `events`"
     ),
     "tag": "free-form label stored with the results",
+    "report_to": (
+        "trackers that also receive the run as it goes (docs/guide/tracking.md): "
+        "tensorboard, mlflow, wandb, or your own; e.g. --set report_to=[tensorboard,mlflow]. "
+        "The Parquet tables stay the record"
+    ),
+    "tensorboard_dir": (
+        "folder of report_to: tensorboard's event files, each run in <folder>/<run_id> "
+        "(a sweep's trials in <folder>/<sweep>/<run_id>); auto: <out>/tensorboard"
+    ),
 }
