@@ -155,4 +155,6 @@ class Setting:
         return text + (f" or {self.word}" if self.auto else "")
 
     def shown_default(self) -> str:
+        if self.many:
+            return f"[{self.default}]"
         return self.word if self.auto and self.default is None else repr(self.default)

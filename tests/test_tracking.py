@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -284,11 +285,18 @@ def test_a_failing_tracker_is_reported_once_and_the_run_completes(
     ray_session, tmp_path, monkeypatch
 ):
     """A user's tracker that raises in round 2: one `tracker-failed` event naming it and
-    the error, a finished run with every row, and the other tracker complete."""
+    the error, a finished run with every row, and the other trackers complete:
+    TensorBoard, and the tracking page's own example, run as printed."""
     _needs("tensorboard")
+    page = (PLUGINS.parents[1] / "docs/guide/tracking.md").read_text()
+    example = re.search(r"<!-- tracker:begin -->\n```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "jsonl_sink.py").write_text(example)
     monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "results"
-    result = simulate({**TINY, "report_to": ["sinks:Failing", "tensorboard"]}, out, progress=False)
+    trackers = ["sinks:Failing", "tensorboard", "jsonl_sink:JsonLines"]
+    result = simulate({**TINY, "report_to": trackers}, out, progress=False)
     events = read_table(out, "events")
     assert events[["round", "kind"]].values.tolist() == [[2, "tracker-failed"]]
     assert events["detail"].iloc[0] == (
@@ -298,7 +306,16 @@ def test_a_failing_tracker_is_reported_once_and_the_run_completes(
     assert runs[["status", "rounds_done"]].values.tolist() == [["finished", 4]]
     assert len(result.table("rounds")) == 4
     kept = json.loads(_kept(out, result.run_id))
-    assert kept == {"sinks:Failing": {"step": 0}, "tensorboard": {"step": 4}}
+    assert kept == {
+        "sinks:Failing": {"step": 0},
+        "tensorboard": {"step": 4},
+        "jsonl_sink:JsonLines": {"step": 4},
+    }
+    lines = (tmp_path / f"{result.run_id}.jsonl").read_text().splitlines()
+    lines = [json.loads(line) for line in lines]
+    assert [line["round"] for line in lines] == [0, 1, 2, 3, 4]
+    losses = {line["round"]: line["train_loss"] for line in lines if "train_loss" in line}
+    assert losses == result.table("rounds").set_index("round")["train_loss"].to_dict()
     board = tensorboard_scalars(out / "tensorboard" / result.run_id)
     assert [s for s, _ in board["train_loss"]] == [1, 2, 3, 4]
     assert not math.isnan(pd.Series(dict(board["acc_after"])).sum())

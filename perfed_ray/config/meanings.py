@@ -196,7 +196,8 @@ MEANINGS: dict[str, str] = {
         "The Parquet tables stay the record"
     ),
     "tensorboard_dir": (
-        "folder of report_to: tensorboard's event files, each run in <folder>/<run_id> "
-        "(a sweep's trials in <folder>/<sweep>/<run_id>); auto: <out>/tensorboard"
+        "folder of report_to: tensorboard's event files, each run in a folder named after "
+        "it (a sweep's trials inside one named after the sweep); auto: the results "
+        "folder's tensorboard/"
     ),
 }
