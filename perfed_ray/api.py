@@ -170,7 +170,8 @@ def _run(
         progress = ProgressDisplay()
     placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
     writer = RunWriter(life.out, life.run_id, placed.cfg)
-    trackers = tracking.follow(writer, placed.cfg, life.store.folder, life.resumed, sweep)
+    at = (life.checkpoint.round if life.checkpoint else -1) if life.resumed else None
+    trackers = tracking.follow(writer, placed.cfg, life.store.folder, at, sweep)
     try:
         with life.running(writer, placed.row(life.checkpoint)) as row:
             simulation.run(placed, life.store, writer, row, life.checkpoint, progress or None)

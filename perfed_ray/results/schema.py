@@ -96,7 +96,7 @@ EVALS_SCHEMA = pa.schema(
 EVENTS_SCHEMA = pa.schema(
     [
         ("round", pa.int64()),
-        ("kind", pa.string()),  # actor-died, dropout, straggler
+        ("kind", pa.string()),  # actor-died, dropout, straggler, tracker-failed
         ("actor", pa.int64()),  # null for events of users, not actors
         ("users", pa.list_(pa.int64())),
         ("detail", pa.string()),

@@ -22,16 +22,19 @@ def follow(
     writer: RunWriter,
     cfg: RunConfig,
     folder: Path,
-    resumed: bool,
+    resumed_at: int | None,
     sweep: str | None = None,
 ) -> TrackerFeed | None:
     """Start the trackers `cfg.report_to` names for the run `writer` writes, listening to
     its writes; None where it names none. `folder` (the run's checkpoint folder) keeps
-    what they logged; `sweep` names the sweep the run is a trial of."""
+    what they logged; `resumed_at` is the round a resumed run continues after (-1:
+    before its first checkpoint; None: a new run); `sweep` names the sweep the run is
+    a trial of."""
     names = [n for n in cfg.report_to.split(",") if n]
     if not names:
         return None
+    resumed = resumed_at is not None
     run = TrackedRun(writer.run_id, cfg.to_dict(), writer.out, resumed, sweep, {})
-    feed = TrackerFeed(run, names, folder, writer)
+    feed = TrackerFeed(run, names, folder, writer, resumed_at)
     writer.listeners.append(feed)
     return feed

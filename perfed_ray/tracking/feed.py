@@ -3,33 +3,45 @@ trackers see what the Parquet tables hold, in the same order, and the rounds' lo
 knows nothing of them.
 
 :class:`TrackerFeed` is the writer's listener (:class:`~perfed_ray.results.writer.RunWriter`
-calls it after each write): a flush's new `rounds` and `evals` rows become one
+calls it after each write): a write's new `rounds` and `evals` rows become one
 :meth:`~perfed_ray.tracking.base.Tracker.log` per round, the final `runs` row the
-summary and the end. What each tracker has logged (the last step, and the ids its
-``start`` returned) is kept in ``trackers.json`` beside the run's checkpoint, written
-after the tracker flushed: a resumed run reopens the same tracker runs and skips the
-steps they already hold, so no step is logged twice (a round replayed after a crash
-keeps, in the tracker, its first sitting's timings). A tracker that raises is
-reported once in `events` (kind ``tracker-failed``) and on stderr, and is not used
-again; the run goes on.
+summary and the end. The trackers run in a thread of their own, handed the written
+rows (immutable Arrow tables): the driver only queues them, and their work (a
+server's round trip, a file's flush) overlaps the next rounds, which mostly wait on
+the actors; the run's end waits for them.
+
+What each tracker holds (the last step it flushed, and the ids its ``start``
+returned) is kept in ``trackers.json`` beside the run's checkpoint, written after
+the tracker flushed. A resumed run reopens the same tracker runs; the rounds up to
+its checkpoint that a tracker does not hold yet (queued when the run stopped) are
+sent again from the Parquet tables, and the rounds after it, which the run replays,
+only where the tracker does not hold them: no step is logged twice or lost (a
+replayed round keeps, in the tracker, its first sitting's timings). A tracker that
+raises is reported once in `events` (kind ``tracker-failed``) and on stderr, and is
+not used again; the run goes on.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import queue
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from perfed_ray.analysis import evaluation_accuracy, summary
 from perfed_ray.errors import first_line
 from perfed_ray.registry import TRACKERS
-from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS, RUNS
+from perfed_ray.results.layout import EVALS, EVENTS, FILE, ROUNDS, RUNS, run_folder
+from perfed_ray.results.schema import SCHEMAS
 from perfed_ray.results.writer import write_atomically
 from perfed_ray.tracking.base import TrackedRun, Tracker
 
@@ -72,16 +84,26 @@ def evaluation_metrics(evals: pa.Table) -> dict[int, dict[str, float]]:
 
 class TrackerFeed:
     """The trackers `report_to` names, for one run whose rows `writer` writes (and
-    whose events table hears of a tracker's failure); what they logged is kept in
-    `folder` (the run's checkpoint folder)."""
+    whose events table hears of a tracker's failure); what they hold is kept in
+    `folder` (the run's checkpoint folder). A resumed run's trackers are sent the
+    rounds up to `resumed_at` (its checkpoint's round) that they do not hold yet."""
 
-    def __init__(self, run: TrackedRun, names: list[str], folder: Path, writer: RunWriter) -> None:
+    def __init__(
+        self,
+        run: TrackedRun,
+        names: list[str],
+        folder: Path,
+        writer: RunWriter,
+        resumed_at: int | None = None,
+    ) -> None:
         self.run, self.writer = run, writer
         self.path = Path(folder) / KEPT
         kept = json.loads(self.path.read_text()) if run.resumed and self.path.exists() else {}
         self.kept: dict[str, dict[str, Any]] = {n: kept.get(n, {}) for n in names}
         self.step = -1  # the last round logged, for a failure's event
-        self.failures = 0
+        self.failed: list[dict[str, Any]] = []  # events not yet handed to the writer
+        self.unwritten = False  # events handed to the writer but not yet written
+        self.lock = threading.Lock()
         self.trackers: dict[str, Tracker] = {}
         for name in names:
             tracker = TRACKERS.load(name)()
@@ -90,6 +112,21 @@ class TrackerFeed:
             if started is not None:
                 self.trackers[name] = tracker
                 self.kept[name] = {**self.kept[name], **started}
+        self.queue: queue.Queue = queue.Queue()
+        if resumed_at is not None:
+            self.queue.put(("sent", self._recorded(resumed_at)))
+        self.worker = threading.Thread(target=self._work, name="perfed-ray-trackers", daemon=True)
+        self.worker.start()
+
+    def _recorded(self, through: int) -> dict[str, pa.Table]:
+        """The run's rounds and evaluations up to round `through`, as written."""
+        tables = {}
+        for name in (ROUNDS, EVALS):
+            path = run_folder(self.run.out, name, self.run.run_id) / FILE
+            if path.exists():
+                table = pq.read_table(path, columns=SCHEMAS[name].names)
+                tables[name] = table.filter(pc.field("round") <= through)
+        return tables
 
     def _call(self, name: str, method: Callable[..., Any], *args: Any) -> Any:
         """`method(*args)` of tracker `name`; if it raises, the tracker is reported
@@ -103,30 +140,57 @@ class TrackerFeed:
 
     def _fail(self, name: str, err: Exception) -> None:
         self.trackers.pop(name, None)
-        self.failures += 1
         detail = f"{name}: {first_line(err)}"
         event = {"round": max(self.step, 0), "kind": FAILED, "actor": None, "users": None}
-        self.writer.add(EVENTS, [{**event, "detail": detail}])
+        with self.lock:
+            self.failed.append({**event, "detail": detail})
         print(
             f"perfed-ray: tracker {detail}; it is off for the rest of run {self.run.run_id}",
             file=sys.stderr,
         )
 
+    def _report(self) -> bool:
+        """Hand the failures' events to the writer (on the driver's thread, which owns
+        it); whether there were any."""
+        with self.lock:
+            failed, self.failed = self.failed, []
+        if failed:
+            self.writer.add(EVENTS, failed)
+        return bool(failed)
+
     def __call__(self, written: Mapping[str, pa.Table]) -> None:
-        """The writer's listener: `written` holds each table's rows just written. Even
-        a defect here only turns the trackers off: the run goes on."""
-        try:
-            self._take(written)
-        except Exception as err:
-            for name in list(self.trackers):
-                self._fail(name, err)
+        """The writer's listener: `written` holds each table's rows just written. The
+        final runs row waits for the trackers' summary and end, and writes the events
+        of failures there."""
+        if EVENTS in written:  # what was handed to the writer before is on disk now
+            self.unwritten = False
+        self.unwritten |= self._report()
+        if RUNS not in written:
+            self.queue.put(("sent", dict(written)))
+            return
+        status = written[RUNS]["status"][0].as_py()
+        if status != "running":
+            self.queue.put(("end", status))
+            self.worker.join()
+            if self._report() or self.unwritten:
+                self.writer.flush()
+
+    def _work(self) -> None:
+        """The trackers' thread: each write's rows in turn, until the run's end. Even a
+        defect here only turns the trackers off: the run goes on."""
+        while True:
+            kind, what = self.queue.get()
+            try:
+                if kind == "sent":
+                    self._take(what)
+                else:
+                    self._end(what)
+                    return
+            except Exception as err:
+                for name in list(self.trackers):
+                    self._fail(name, err)
 
     def _take(self, written: Mapping[str, pa.Table]) -> None:
-        if RUNS in written:
-            row = written[RUNS].to_pylist()[0]
-            if row["status"] != "running":
-                self.end(row["status"])
-            return
         steps: dict[int, dict[str, float]] = {}
         if ROUNDS in written:
             steps = round_metrics(written[ROUNDS])
@@ -134,9 +198,9 @@ class TrackerFeed:
             for step, figures in evaluation_metrics(written[EVALS]).items():
                 steps[step] = {**steps.get(step, {}), **figures}
         if steps:
-            self.log(steps)
+            self._log(steps)
 
-    def log(self, steps: dict[int, dict[str, float]]) -> None:
+    def _log(self, steps: dict[int, dict[str, float]]) -> None:
         """Each tracker gets the rounds it does not hold yet, in order, then flushes;
         only then is its last step kept."""
         for name, tracker in list(self.trackers.items()):
@@ -149,32 +213,28 @@ class TrackerFeed:
             else:
                 if self._call(name, tracker.flush) is not None:
                     self.kept[name]["step"] = max(done, *steps)
-        self._keep()
-
-    def _keep(self) -> None:
         text = json.dumps(self.kept)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, lambda tmp: tmp.write_text(text))
 
-    def end(self, status: str) -> None:
-        """The run's summary (`perfed-ray summary`'s row), then each tracker's end."""
-        if not self.trackers:
-            return
-        rows = summary(self.run.out, self.run.run_id).to_dict("records")
-        values = _finite({k: _plain(v) for k, v in rows[0].items()}) if rows else {}
-        failures = self.failures
+    def _end(self, status: str) -> None:
+        """The run's summary (`perfed-ray summary`'s row), then each tracker's end
+        (`status` None: the run ended before its final row, as failed)."""
+        if self.trackers and status is not None:
+            rows = summary(self.run.out, self.run.run_id).to_dict("records")
+            values = _finite({k: _plain(v) for k, v in rows[0].items()}) if rows else {}
+            for name, tracker in list(self.trackers.items()):
+                self._call(name, tracker.summary, values)
         for name, tracker in list(self.trackers.items()):
-            if self._call(name, tracker.summary, values) is not None:
-                self._call(name, tracker.close, status)
-        if self.failures > failures:  # the events of failures at the end
-            self.writer.flush()
+            self._call(name, tracker.close, status or "failed")
         self.trackers.clear()
 
     def close(self) -> None:
-        """Let go of trackers still open (a run that ended before its final row)."""
-        for name, tracker in list(self.trackers.items()):
-            self._call(name, tracker.close, "failed")
-        self.trackers.clear()
+        """Let go of the trackers of a run that ended before its final row (a full
+        disk): their end, as failed."""
+        if self.worker.is_alive():
+            self.queue.put(("end", None))
+            self.worker.join()
 
 
 def _plain(value: Any) -> Any:

@@ -13,9 +13,14 @@ W&B's console capture is off: the run's progress line stays the terminal's.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from perfed_ray.tracking.base import TrackedRun, Tracker
+
+# Seconds a resumed run waits for the W&B process of its killed sitting to let go of
+# the W&B run (it notices its parent gone within seconds).
+IN_USE_SECONDS = 30
 
 
 class WandB(Tracker):
@@ -25,17 +30,26 @@ class WandB(Tracker):
     def start(self, run: TrackedRun) -> dict[str, str]:
         import wandb
 
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "perfed-ray",
-            id=run.kept.get("id"),
-            resume="allow",
-            name=run.run_id,
-            group=run.group,
-            config=run.config,
-            reinit="create_new",  # a process's runs (a notebook's, the tests') side by side
-            settings=wandb.Settings(console="off", silent=True),
-        )
-        return {"id": self.run.id}
+        settings = wandb.Settings(console="off", silent=True)
+        deadline = time.monotonic() + IN_USE_SECONDS
+        while True:
+            try:
+                self.run = wandb.init(
+                    project=os.environ.get("WANDB_PROJECT") or "perfed-ray",
+                    id=run.kept.get("id"),
+                    resume="allow",
+                    name=run.run_id,
+                    group=run.group,
+                    config=run.config,
+                    reinit="create_new",  # a process's runs (a notebook's, tests') side by side
+                    settings=settings,
+                )
+                return {"id": self.run.id}
+            except Exception as err:
+                # The W&B process of a sitting killed a moment ago still holds the run.
+                if "in use" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     def log(self, step: int, metrics: dict[str, float], sim_time: float | None) -> None:
         self.run.log(metrics, step=step, commit=True)  # a row now, not when the next comes
