@@ -447,6 +447,7 @@ def trackers_section() -> Fills:
         )
         .reset_index()
         .round(2)
+        .astype({"round_ms": int, "phase_ms": int})
     )
     table.columns = [
         "report_to",
