@@ -90,6 +90,23 @@ def per_draw_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def evaluation_accuracy(evals: pd.DataFrame) -> dict[str, float]:
+    """One evaluation's rows (one round) in PROTOCOL.md's figures: the mean over users
+    of the accuracy after adaptation with its 95% interval over adaptation draws
+    (`acc_after_ci95`: 0 with one draw), the mean before adaptation, and both for the
+    users seen and unseen in training where the run keeps unseen users. What a tracker
+    shows of an evaluation as it happens; :func:`final_accuracy` reads the same
+    figures back for the final one."""
+    per_draw = evals.groupby("draw")["acc_after"].mean().to_numpy()
+    acc, half = mean_ci95(per_draw)
+    figures = {"acc_after": acc, "acc_after_ci95": half, "acc_before": evals["acc_before"].mean()}
+    if evals["unseen"].any():
+        for name, users in (("seen", evals[~evals["unseen"]]), ("unseen", evals[evals["unseen"]])):
+            figures[f"acc_after_{name}"] = users["acc_after"].mean()
+            figures[f"acc_before_{name}"] = users["acc_before"].mean()
+    return {k: float(v) for k, v in figures.items()}
+
+
 def pooled_accuracy(evals: pd.DataFrame, steps: int = 0) -> pd.DataFrame:
     """Per run and evaluation round, the scoring rule of pFedMe's authors (and of LEAF's
     and FedProx's code): correct answers summed over all evaluated users' test samples,

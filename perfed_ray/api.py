@@ -89,6 +89,7 @@ def simulate(
     run_id: str | None = None,
     placement_group: PlacementGroup | None = None,
     command: str | None = None,
+    sweep: str | None = None,
     **changes: Any,
 ) -> RunResult:
     """Run one simulation (or, with `resume`, continue a stopped one) and return where
@@ -107,8 +108,9 @@ def simulate(
     `run_id` names a new run (default: its start time, algorithm and a random suffix),
     `placement_group` (a Ray PlacementGroup whose bundle 0 is this driver's) reserves
     the run's actors in its other bundles and sizes them by those, and `command` is
-    what started the run, for its runs row: a sweep's trials use all three
-    (:mod:`perfed_ray.sweep`).
+    what started the run, for its runs row; `sweep` names the sweep the run is a
+    trial of, under which its trackers (`report_to`) group it: a sweep's trials use
+    all four (:mod:`perfed_ray.sweep`).
     """
     overrides = list(overrides)
     if resume is not None:
@@ -124,7 +126,7 @@ def simulate(
         check_out(folder)
         life = RunLife.new(folder, run_id or new_run_id(cfg.algorithm))
     with life:
-        _run(life, cfg, address, progress, announce, verbose, placement_group, command)
+        _run(life, cfg, address, progress, announce, verbose, placement_group, command, sweep)
     return RunResult(life.run_id, life.out)
 
 
@@ -137,11 +139,13 @@ def _run(
     verbose: bool,
     placement_group: PlacementGroup | None,
     command: str | None,
+    sweep: str | None,
 ) -> None:
     """The claimed run, from its data to its end: prepared, placed, its actors and
     rounds run, and ended (its runs row says how: `life.running`)."""
     import ray
 
+    from perfed_ray import tracking
     from perfed_ray.results.writer import RunWriter  # pyarrow: after validation
     from perfed_ray.runtime import chatter, connect, local_ray, simulation
 
@@ -166,5 +170,11 @@ def _run(
         progress = ProgressDisplay()
     placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
     writer = RunWriter(life.out, life.run_id, placed.cfg)
-    with life.running(writer, placed.row(life.checkpoint)) as row:
-        simulation.run(placed, life.store, writer, row, life.checkpoint, progress or None)
+    at = (life.checkpoint.round if life.checkpoint else -1) if life.resumed else None
+    trackers = tracking.follow(writer, placed.cfg, life.store.folder, at, sweep)
+    try:
+        with life.running(writer, placed.row(life.checkpoint)) as row:
+            simulation.run(placed, life.store, writer, row, life.checkpoint, progress or None)
+    finally:
+        if trackers is not None:
+            trackers.close()

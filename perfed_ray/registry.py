@@ -1,5 +1,5 @@
 """One registry per concept: algorithms, models, data sets, partitioners, engines, strategies,
-client and server optimisers, privacy mechanisms.
+client and server optimisers, privacy mechanisms, trackers.
 
 A configuration names a component by a registered name (``perfedavg-hf``), by a
 dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
@@ -306,6 +306,19 @@ PRIVACY = Registry(
     section="privacy",
 )
 
+TRACKERS = Registry(
+    "tracker",
+    "report_to",
+    {
+        "tensorboard": "perfed_ray.tracking.tensorboard:TensorBoard",
+        "mlflow": "perfed_ray.tracking.mlflow:MLflow",
+        "wandb": "perfed_ray.tracking.wandb:WandB",
+    },
+    group="perfed_ray.trackers",
+    base="perfed_ray.tracking.base:Tracker",
+    guide="docs/guide/tracking.md",
+)
+
 REGISTRIES = {
     r.key: r
     for r in (
@@ -318,6 +331,7 @@ REGISTRIES = {
         CLIENT_OPTIMIZERS,
         SERVER_OPTIMIZERS,
         PRIVACY,
+        TRACKERS,
     )
 }
 # Configuration keys whose components declare settings, each in a section of its own

@@ -328,6 +328,24 @@ def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(tmp
     assert f"{z.loc['pfl']:.5g}" in summary and f"{z.loc['perfed-ray']:.5g}" in summary
 
 
+@pytest.mark.slow
+def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
+    ray_session, tmp_path, monkeypatch
+):
+    for library in ("tensorboard", "mlflow", "wandb"):
+        pytest.importorskip(library, reason=f"the {library} extra is not installed")
+    for variable in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "WANDB_MODE", "WANDB_DIR"):
+        monkeypatch.delenv(variable, raising=False)  # the script sets them: put back after
+    rows = _smoke_here("trackers", tmp_path, monkeypatch).set_index("mode")
+    assert list(rows.index) == ["off", "tensorboard", "mlflow", "wandb", "tensorboard,mlflow,wandb"]
+    assert (rows.loc["off", ["thread_seconds_per_round", "tracker_start_seconds"]] == 0).all()
+    on = rows.drop(index="off")
+    assert (on[["driver_seconds_per_round", "thread_seconds_per_round"]] > 0).all().all()
+    assert (on["tracker_start_seconds"] > 0).all() and (on["tracker_end_seconds"] > 0).all()
+    share = (on["driver_seconds_per_round"] + on["thread_seconds_per_round"]) / on["round_seconds"]
+    assert on["share_of_round"].to_numpy() == pytest.approx(share.to_numpy())
+
+
 def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_results(
     monkeypatch,
 ):

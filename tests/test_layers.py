@@ -55,6 +55,8 @@ LAYERS: list[tuple[str, ...]] = [
     # reading results: analysis consumes the results package, reports and displays it
     ("analysis",),
     ("report", "display"),
+    # trackers, fed what the results writer wrote (TensorBoard, MLflow, W&B)
+    ("tracking",),
     # Ray: actors, placement, transport, checkpoints, the run's phases
     ("runtime",),
     # one run's life: its claim, its status, its end

@@ -7,6 +7,7 @@ validation samples."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -34,8 +35,16 @@ from perfed_ray.runtime.checkpoint import RunStore
 from perfed_ray.sweep import spec
 
 REPO = Path(__file__).resolve().parents[1]
-# 2 x 2 trials of 60 rounds, each reserving 1 of the session's 2 CPUs: two side by side.
-TRIAL = {**TINY, "rounds": 60, "eval_every": 20, "checkpoint_every": 10}
+# 2 x 2 trials of 60 rounds, each reserving 1 of the session's 2 CPUs: two side by side;
+# each reports to TensorBoard where its extra is installed (as in CI), grouped by sweep.
+BOARD = importlib.util.find_spec("tensorboard") is not None
+TRIAL = {
+    **TINY,
+    "rounds": 60,
+    "eval_every": 20,
+    "checkpoint_every": 10,
+    "report_to": ["tensorboard"] if BOARD else [],
+}
 SWEEP = {
     "name": "tiny",
     "config": TRIAL,
@@ -261,6 +270,9 @@ def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session
     assert (out / SWEEPS / "tiny" / "sweep.json").is_file()
     assert set(pd.read_parquet(out / "evals")["run_id"]) == set(runs["run_id"])
     assert "start tiny-0003 algorithm=perfedavg-fo seed=1" in printed
+    if BOARD:  # each trial its own TensorBoard run, in the sweep's folder
+        boards = sorted(p.name for p in (out / "tensorboard" / "tiny").iterdir())
+        assert boards == sorted(runs["run_id"])
     for chatter in ("Traceback", "worker processes have been started", "Token authentication"):
         assert chatter not in printed
     alone = tmp_path / "alone"

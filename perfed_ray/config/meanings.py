@@ -190,4 +190,14 @@ MEANINGS: dict[str, str] = {
         "deadline and is cut; recorded in `events`"
     ),
     "tag": "free-form label stored with the results",
+    "report_to": (
+        "trackers that also receive the run as it goes (docs/guide/tracking.md): "
+        "tensorboard, mlflow, wandb, or your own; e.g. --set report_to=[tensorboard,mlflow]. "
+        "The Parquet tables stay the record"
+    ),
+    "tensorboard_dir": (
+        "folder of report_to: tensorboard's event files, each run in a folder named after "
+        "it (a sweep's trials inside one named after the sweep); auto: the results "
+        "folder's tensorboard/"
+    ),
 }

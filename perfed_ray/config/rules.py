@@ -90,6 +90,8 @@ def check(cfg: RunConfig) -> None:
             f"eval_users = {sampled:g} is not allowed: all, a whole number of users up to "
             f"n_users = {cfg.n_users}, or a fraction below 1"
         )
+    for tracker in filter(None, cfg.report_to.split(",")):
+        REGISTRIES["report_to"].load(tracker).check_installed(tracker)
     if cfg.privacy != "none":
         mechanism = REGISTRIES["privacy"].load(cfg.privacy)
         mechanism.validate(mechanism.HParams.of(cfg), method.fixed_server)

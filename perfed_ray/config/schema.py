@@ -94,6 +94,8 @@ class RunConfig:
     dropout: float = _key(0.0, low=0, high=1)
     stragglers: float = _key(0.0, low=0, high=1)
     tag: str = _key("")
+    report_to: str = _key("", registry=True, many=True)
+    tensorboard_dir: str | None = _key(None, auto=True)
     settings: tuple[tuple[str, Any], ...] = ()  # components' settings: (dotted key, value)
 
     @property

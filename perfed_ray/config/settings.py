@@ -32,8 +32,9 @@ class Setting:
 
     `kind` is the type (inferred from the default when it is not None); `auto` values
     also accept the word `word` (stored as None: chosen at run time); `registry` values
-    name a component of the registry under the same key; `legacy` is the flat key an
-    older perfed-ray used for it, still read from old files."""
+    name a component of the registry under the same key, `many` of them for a list
+    (stored as one comma-separated string, a column like any other); `legacy` is the
+    flat key an older perfed-ray used for it, still read from old files."""
 
     default: Any
     help: str
@@ -45,6 +46,7 @@ class Setting:
     auto: bool = False
     word: str = "auto"
     registry: bool = False
+    many: bool = False
     legacy: str | None = None
 
     @property
@@ -61,6 +63,8 @@ class Setting:
         if self.auto and (value is None or value == self.word):
             return None
         kind = self.type
+        if self.many:
+            return self._names(key, value)
         if self.registry and isinstance(value, str):
             from perfed_ray.registry import REGISTRIES
 
@@ -105,6 +109,22 @@ class Setting:
             )
         return value
 
+    def _names(self, key: str, value: Any) -> str:
+        """A list of registered names (or one, or a comma-separated string: what `--set
+        key=a,b` gives) as its canonical comma-separated string; "" for none."""
+        from perfed_ray.registry import REGISTRIES
+
+        names = value.split(",") if isinstance(value, str) else value
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise ConfigError(f"{key} = {value!r} is not allowed: {self.describe(key)}")
+        names = [n.strip() for n in names if n.strip()]
+        for name in names:
+            REGISTRIES[key].check(name)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"{key} names {twice[0]!r} twice: name each once")
+        return ",".join(names)
+
     def describe(self, key: str) -> str:
         """What the value accepts, in words, for error messages and the docs."""
         kind = self.type
@@ -112,6 +132,8 @@ class Setting:
             from perfed_ray.registry import REGISTRIES
 
             text = REGISTRIES[key].describe()
+            if self.many:
+                text = f"a list, each {text} ([] for none)"
         elif self.choices:
             text = "one of " + ", ".join(self.choices)
         elif kind is bool:
@@ -133,4 +155,6 @@ class Setting:
         return text + (f" or {self.word}" if self.auto else "")
 
     def shown_default(self) -> str:
+        if self.many:
+            return f"[{self.default}]"
         return self.word if self.auto and self.default is None else repr(self.default)

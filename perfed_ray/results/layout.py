@@ -8,6 +8,7 @@ mixed into someone else's files) and every reader and writer agrees on the paths
     checkpoints/run_id=<id>/               a run's record and checkpoint (--resume)
     sweeps/<name>/                         Ray Tune's state of each sweep
     logs/<run_id>.txt                      tracebacks of failed runs
+    tensorboard/<run_id>/                  report_to: tensorboard's event files
     report/                                `perfed-ray report` and `compare`
 """
 
@@ -31,8 +32,9 @@ CHECKPOINTS = "checkpoints"
 SWEEPS = "sweeps"
 LOGS = "logs"
 REPORT = "report"
+TENSORBOARD = "tensorboard"
 # Notes beside the tables (a README) do not make a folder someone else's.
-OURS = frozenset({*TABLES, CHECKPOINTS, SWEEPS, LOGS, REPORT, "README.md"})
+OURS = frozenset({*TABLES, CHECKPOINTS, SWEEPS, LOGS, REPORT, TENSORBOARD, "README.md"})
 
 FILE = "part-0.parquet"  # each table's one file per run
 

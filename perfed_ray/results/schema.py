@@ -132,7 +132,7 @@ EVALS_SCHEMA = _table(
 EVENTS_SCHEMA = _table(
     EVENTS,
     ("round", pa.int64(), "the round it happened in"),
-    ("kind", pa.string(), "actor-died, dropout or straggler"),
+    ("kind", pa.string(), "actor-died, node-died, dropout, straggler or tracker-failed"),
     ("actor", pa.int64(), "the actor (null for events of users, not actors)"),
     ("users", pa.list_(pa.int64()), "the users concerned"),
     ("detail", pa.string(), "what happened, in words"),

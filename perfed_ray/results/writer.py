@@ -84,6 +84,9 @@ class RunWriter:
         # What each table's file holds, kept so that a flush appends without reading it back.
         self.written: dict[str, pa.Table | None] = dict.fromkeys(APPENDED)
         self.writes = 0
+        # Called with each write's new rows (the tables' own columns), once they are on
+        # disk: the run's trackers (perfed_ray.tracking.feed) follow the record so.
+        self.listeners: list[Callable[[dict[str, pa.Table]], None]] = []
         for name in TABLES:
             self.folder(name).mkdir(parents=True, exist_ok=True)
 
@@ -142,7 +145,13 @@ class RunWriter:
 
     def write_run(self, row: Mapping[str, Any]) -> None:
         """(Re)write the run's single row: at the start, and with its final status."""
-        self._write(self._table(RUNS, [row]), self.folder(RUNS) / FILE)
+        own = self._own(RUNS, [row])
+        self._write(self._table(RUNS, own), self.folder(RUNS) / FILE)
+        self._tell({RUNS: own})
+
+    def _tell(self, written: dict[str, pa.Table]) -> None:
+        for listener in self.listeners:
+            listener(written)
 
     @staticmethod
     def _own(name: str, rows: Iterable[Mapping[str, Any]] | pa.Table) -> pa.Table:
@@ -157,10 +166,14 @@ class RunWriter:
         """Append the buffered rows to each table's file, rewritten whole from the rows
         held here (kilobytes to a few megabytes, next to minutes of training between
         flushes)."""
+        written = {}
         for name, rows in self.buffers.items():
             if rows:
-                held, new = self.written[name], self._table(name, pa.concat_tables(rows))
+                written[name] = own = pa.concat_tables(rows)
+                held, new = self.written[name], self._table(name, own)
                 table = new if held is None else pa.concat_tables([held, new])
                 self._write(table, self.folder(name) / FILE)
                 self.written[name] = table
                 rows.clear()
+        if written:
+            self._tell(written)

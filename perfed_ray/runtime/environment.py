@@ -29,11 +29,13 @@ Components = dict[str, Any]  # configuration key -> the component it names
 
 
 def _foreign(cfg: RunConfig) -> dict[str, str]:
-    """Registry keys whose value is not a built-in name: key -> name."""
+    """Registry keys whose value is not a built-in name: key -> name. Lists of names
+    (`report_to`'s trackers) are the driver's alone: nothing of them travels."""
     return {
         key: getattr(cfg, key)
         for key, s in CORE.items()
         if s.registry
+        and not s.many
         and isinstance(getattr(cfg, key), str)
         and getattr(cfg, key) not in REGISTRIES[key].builtins
     }

@@ -126,7 +126,8 @@ def load(folder: Path) -> Sweep:
 def param_space(sweep: Sweep, out: Path, command: str, stops: str) -> dict[str, Any]:
     """Every trial's run id, configuration and placement group bundles (Tune runs one
     trial per entry, in order, and saves them with its state), and what all share: the
-    results folder, the sweep's command and the name of its :class:`Stops` actor."""
+    results folder, the sweep's name and command and the name of its :class:`Stops`
+    actor."""
     trials = [
         {"run_id": sweep.run_id(i), "run": t.to_dict(), "bundles": sweep.resources.bundles(t)}
         for i, t in enumerate(sweep.trials)
@@ -134,6 +135,7 @@ def param_space(sweep: Sweep, out: Path, command: str, stops: str) -> dict[str, 
     return {
         "trial": tune.grid_search(trials),
         "out": str(out.resolve()),
+        "sweep": sweep.name,
         "command": command,
         "stops": stops,
     }

@@ -71,7 +71,7 @@ class RecordStops(tune.Callback):
 
 class Trial(tune.Trainable):
     """One simulation: `config["trial"]` holds the run's id, whole configuration and
-    placement group bundles; `config` also the results folder and the sweep's command
+    placement group bundles; `config` also the results folder, the sweep's name and command
     (see :func:`perfed_ray.sweep.runner.param_space`)."""
 
     def setup(self, config: dict[str, Any]) -> None:
@@ -127,6 +127,7 @@ class Trial(tune.Trainable):
                 progress=self._progress,
                 placement_group=ray.util.get_current_placement_group(),
                 command=self.config["command"],
+                sweep=self.config.get("sweep"),  # a sweep started before trackers: none
             )
         except BaseException as err:
             status = status_of(err)

@@ -1,0 +1,138 @@
+"""What the trackers cost a run: the paper's FedAvg on MNIST with `report_to` off, each
+of TensorBoard, MLflow and W&B alone, and all three, side by side in one invocation.
+
+    python experiments/bench/trackers.py [--rounds 100] [--repeats 3]
+    python experiments/bench/trackers.py --smoke --out /tmp/bench   # CI: seconds
+
+Workload: experiments/configs/table1/mnist-tau10-alpha0.01.yaml with `algorithm:
+fedavg` and its own evaluations and checkpoints (every 20 rounds), on the local Ray
+with the default placement, the driver in this process (throughput.py's way); MLflow
+writes to a local file store and W&B offline, both in a temporary folder, TensorBoard
+into the run's results folder. Modes alternate within each repeat.
+
+The trackers are fed between rounds, when rows are written (each evaluation and
+checkpoint), in a thread of their own that the driver only hands the rows to; a
+round's own `wall_seconds` never holds them. What they cost is timed where they run
+(their feed's calls, timed from outside): `driver` is the time the driver spends
+handing rows over, `thread` the trackers' own work in their thread, both summed
+over the run and shared out over its rounds; `share of a round` is both together
+against the median round of the same run, the most they could slow a round if none
+of their work overlapped the actors' (the target: at most 2%). Their start
+(libraries imported, tracker runs opened) and end (the summary, the runs closed) are
+a cost per run, reported apart. `rounds' phase per round` is the run's clock from
+the first round to the end (evaluations, checkpoints and rows in it) per round, the
+whole picture, which on a shared machine moves by more than the trackers' share.
+
+Writes OUT/trackers.parquet (default experiments/bench/results) and, for the default
+OUT, refreshes BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from common import MNIST, RESULTS
+from report import publish
+
+from perfed_ray.api import simulate
+from perfed_ray.config import load
+from perfed_ray.results.reader import read_table
+from perfed_ray.tracking import feed
+
+MODES = ["off", "tensorboard", "mlflow", "wandb", "tensorboard,mlflow,wandb"]
+# The feed's methods timed, and what each is a part of.
+PARTS = {"__init__": "start", "__call__": "driver", "_take": "thread", "_end": "end"}
+
+
+class Timed:
+    """Seconds spent feeding the trackers: their start, the driver's calls into the
+    feed while the run goes, the feed's work in its thread, and the end (the summary
+    and the trackers closed, which the run's final row waits for)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PARTS.values(), 0.0)
+        self.real = {m: getattr(feed.TrackerFeed, m) for m in PARTS}
+
+    def __enter__(self) -> Timed:
+        for method, part in PARTS.items():
+            setattr(feed.TrackerFeed, method, self._timed(self.real[method], part))
+        return self
+
+    def _timed(self, real, part: str):
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - began
+
+        return timed
+
+    def __exit__(self, *exc: object) -> None:
+        for method, real in self.real.items():
+            setattr(feed.TrackerFeed, method, real)
+
+
+def measure(mode: str, rounds: int, sets: list[str], folder: Path) -> dict[str, float]:
+    """One run with `report_to` as `mode` says, and what its trackers cost."""
+    trackers = [] if mode == "off" else mode.split(",")
+    cfg = load(MNIST, [*sets, "algorithm=fedavg", f"rounds={rounds}"])
+    cfg = cfg.replace(report_to=trackers)
+    with tempfile.TemporaryDirectory(dir=folder) as out, Timed() as timed:
+        simulate(cfg, out, progress=False)
+        table, run = read_table(out, "rounds"), read_table(out, "runs").iloc[0]
+        assert read_table(out, "events").empty, "a tracker failed"
+    steady = table.sort_values("round")["wall_seconds"].iloc[1:]
+    round_seconds = float(steady.median())
+    # the driver's final call waits for the end: count it there, not as the driver's
+    driver = timed.seconds["driver"] - timed.seconds["end"]
+    return {
+        "mode": mode,
+        "rounds": rounds,
+        "round_seconds": round_seconds,
+        "rounds_phase_per_round": float(run["wall_seconds"] - run["startup_seconds"]) / rounds,
+        "driver_seconds_per_round": driver / rounds,
+        "thread_seconds_per_round": timed.seconds["thread"] / rounds,
+        "share_of_round": (driver + timed.seconds["thread"]) / rounds / round_seconds,
+        "tracker_start_seconds": timed.seconds["start"],
+        "tracker_end_seconds": timed.seconds["end"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a few rounds, for CI")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    sets = []
+    if args.smoke:
+        args.rounds, args.repeats = 4, 1
+        sets = ["n_users=6", "fraction=0.5", "tau=2", "eval_every=2", "checkpoint_every=2"]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["MLFLOW_TRACKING_URI"] = (Path(folder) / "mlruns").as_uri()
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3's opt-in to file stores
+        os.environ["WANDB_MODE"], os.environ["WANDB_DIR"] = "offline", folder
+        for repeat in range(args.repeats):  # alternating, so a noisy minute slows every mode
+            for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
+                row = {**measure(mode, args.rounds, sets, Path(folder)), "repeat": repeat}
+                rows.append(row)
+                print(
+                    f"{mode:26} round {1000 * row['round_seconds']:6.1f} ms, trackers "
+                    f"{1000 * row['driver_seconds_per_round']:5.2f} + "
+                    f"{1000 * row['thread_seconds_per_round']:5.2f} ms a round "
+                    f"({100 * row['share_of_round']:.2f}%), start "
+                    f"{row['tracker_start_seconds']:.2f} s, end {row['tracker_end_seconds']:.2f} s",
+                    flush=True,
+                )
+    publish(rows, "trackers", args.out)
+
+
+if __name__ == "__main__":
+    main()

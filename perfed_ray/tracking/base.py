@@ -1,0 +1,88 @@
+"""What a tracker is: somewhere a run's numbers are also sent as it goes (TensorBoard,
+MLflow, Weights & Biases, or a user's own class named by dotted path in
+``report_to``), beside the Parquet tables, which stay the record.
+
+A tracker is told five things, in this order, all on the driver
+(:mod:`perfed_ray.tracking.feed` decides when): :meth:`Tracker.start` with the run's
+whole configuration, :meth:`Tracker.log` once per round with that round's row and,
+at an evaluated round, the evaluation's aggregates, :meth:`Tracker.flush` once the
+rows of a write are logged, :meth:`Tracker.summary` with the run's summary row, and
+:meth:`Tracker.close` with its status. It may raise anything: the feed reports the
+failure once in the run's `events` and stops using it, and the run goes on.
+
+Its library is imported in :meth:`Tracker.start`, never when the module loads, so
+that checking a configuration costs no import of it: :meth:`Tracker.check_installed`
+asks only whether it could be imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from perfed_ray.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """The run a tracker follows. `kept` is what this tracker's :meth:`Tracker.start`
+    returned in the run's earlier sitting (empty for a new run): the ids it needs to
+    continue the same tracker run."""
+
+    run_id: str
+    config: dict[str, Any]  # every configuration key, as the runs table has it
+    out: Path  # the results folder
+    resumed: bool
+    group: str | None  # the sweep the run is a trial of
+    kept: dict[str, str]
+
+
+class Tracker:
+    """A sink of one run's metrics; subclass it for your own (``report_to:
+    [mypkg.sinks:Mine]``). `library` is the module it needs and `extra` the
+    perfed-ray extra that installs it, named by the error when it is missing."""
+
+    library: ClassVar[str | None] = None
+    extra: ClassVar[str | None] = None
+
+    @classmethod
+    def check_installed(cls, name: str) -> None:
+        """ConfigError (exit 2 before Ray starts) if the tracker's library is missing."""
+        if cls.library and importlib.util.find_spec(cls.library) is None:
+            how = f"pip install 'perfed-ray[{cls.extra}]'" if cls.extra else "install it"
+            raise ConfigError(
+                f"report_to names {name}, whose library {cls.library} is not installed: {how}"
+            )
+
+    def start(self, run: TrackedRun) -> dict[str, str]:
+        """Open (or, with `run.kept`, reopen) the tracker's run and record the
+        configuration as its hyperparameters; return what a later sitting needs to
+        continue the same tracker run (kept beside the run's checkpoint)."""
+        return {}
+
+    def log(self, step: int, metrics: dict[str, float], sim_time: float | None) -> None:
+        """Round `step`'s metrics, named as the Parquet columns they come from; the
+        simulated clock's time of the round where the run has one."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Make what was logged durable: the feed then counts those steps as logged,
+        and a resumed run does not send them again."""
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """The run's row of `perfed-ray summary` (final accuracy, its interval, status,
+        wall time ...), once, as it ends."""
+
+    def close(self, status: str) -> None:
+        """End the tracker's run; `status` is the runs table's (finished, failed ...)."""
+
+
+def numbers(values: dict[str, Any]) -> dict[str, float]:
+    """The values of a summary that are numbers (not flags), as floats."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }

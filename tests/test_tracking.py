@@ -1,0 +1,324 @@
+"""`report_to`: TensorBoard, MLflow and W&B fed as a run goes, each read back with its
+own library's reader (TensorBoard's EventAccumulator, MLflow's client on a local file
+store, the offline W&B run's records) and compared with the Parquet rows; a run
+killed with SIGKILL and resumed logs no step twice; a tracker that fails leaves one
+event and a complete run; a tracker whose library is missing exits 2 before Ray
+starts. Each library's tests skip, saying which extra to install, without it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import TINY, killed_mid_round
+
+from perfed_ray.analysis import final_accuracy
+from perfed_ray.api import simulate
+from perfed_ray.cli import main
+from perfed_ray.config import from_mapping
+from perfed_ray.errors import ConfigError
+from perfed_ray.results.reader import read_table
+from perfed_ray.runtime.checkpoint import RunStore
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+ALL = ["tensorboard", "mlflow", "wandb"]
+# The rounds' columns every tracker gets, equal to the Parquet rows'.
+ROUND_COLUMNS = ["train_loss", "n_sampled", "n_reported", "wall_seconds", "bytes_sent"]
+
+
+def _needs(*libraries: str) -> None:
+    for library in libraries:
+        pytest.importorskip(
+            library, reason=f"the {library} extra is not installed: pip install -e '.[{library}]'"
+        )
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch) -> Path:
+    """MLflow on a local file store and W&B offline, both under tmp_path, for this
+    process and the commands it starts."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to file stores
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "perfed-ray-tests")
+    return tmp_path
+
+
+# Reading back, with each library's own reader.
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import (
+        SCALARS,
+        EventAccumulator,
+    )
+
+    events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    events.Reload()
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]}
+
+
+def mlflow_runs(tmp_path: Path) -> tuple:
+    from mlflow import MlflowClient
+
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("perfed-ray")
+    return client, client.search_runs([experiment.experiment_id])
+
+
+def mlflow_metrics(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    keys = client.get_run(run_id).data.metrics
+    return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
+
+
+def wandb_records(tmp_path: Path, run_id: str) -> list:
+    """The records of every offline sitting of W&B run `run_id`, oldest first: its
+    ``run-<id>.wandb`` files are LevelDB-style logs (a 7-byte header, then records of
+    a 7-byte header each, in 32 KiB blocks) of the protobuf Records W&B syncs."""
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for path in sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        data, position, pending = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while position + 7 <= len(data):
+            if 32768 - position % 32768 < 7:  # a block's tail too short for a header
+                position += 32768 - position % 32768
+                continue
+            _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+            if length == 0 and kind == 0:
+                break
+            pending += data[position + 7 : position + 7 + length]
+            position += 7 + length
+            if kind in (1, 4):  # a whole record, or a record's last piece
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(pending)
+                records.append(record)
+                pending = b""
+    return records
+
+
+def _items(update) -> dict:
+    return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in update}
+
+
+def wandb_history(records: list) -> list[tuple[int, dict]]:
+    return [
+        (r.history.step.num, _items(r.history.item))
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
+
+
+# What the Parquet rows say.
+
+
+def expected(out: Path) -> dict[str, dict[int, float]]:
+    """metric -> step -> value, from the Parquet tables: the rounds' own columns, and
+    each evaluation's mean accuracy over users (and draws) after and before adaptation."""
+    rounds = read_table(out, "rounds").set_index("round")
+    evals = read_table(out, "evals")
+    values = {c: rounds[c].to_dict() for c in ROUND_COLUMNS}
+    for column in ("acc_after", "acc_before"):
+        values[column] = evals.groupby("round")[column].mean().to_dict()
+    return values
+
+
+def assert_equal(got: dict[str, list[tuple[int, float]]], want: dict[str, dict[int, float]]):
+    for name, by_step in want.items():
+        steps = [s for s, _ in got[name]]
+        assert len(steps) == len(set(steps)), f"{name}: a step logged twice: {steps}"
+        assert dict(got[name]) == pytest.approx(by_step, rel=1e-6), name
+
+
+def test_report_to_is_a_list_of_registered_trackers_stored_as_one_column():
+    cfg = from_mapping({**TINY, "report_to": ["tensorboard", "wandb"]})
+    assert cfg.report_to == "tensorboard,wandb"
+    assert from_mapping({**TINY, "report_to": "tensorboard,wandb"}) == cfg  # --set a,b
+    assert from_mapping(TINY).report_to == ""
+    with pytest.raises(
+        ConfigError, match=r"report_to = 'tensorbord' is not allowed \(did you mean 'tensorboard'"
+    ):
+        from_mapping({**TINY, "report_to": ["tensorbord"]})
+    with pytest.raises(ConfigError, match="report_to names 'mlflow' twice"):
+        from_mapping({**TINY, "report_to": ["mlflow", "mlflow"]})
+    with pytest.raises(ConfigError, match=r"which is not a subclass of perfed_ray\.tracking"):
+        from_mapping({**TINY, "report_to": ["perfed_ray.models:MLP"]})
+
+
+@pytest.mark.slow
+def test_a_tracker_whose_library_is_missing_exits_2_naming_the_extra(tmp_path):
+    """Through the command line, before Ray starts: a user's tracker whose library is
+    not installed."""
+    args = ["run", "--quiet", "--set", "dataset=gaussian", "--set", "report_to=sinks:Uninstalled"]
+    result = subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", *args, "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=PLUGINS,
+        env={**os.environ, "RAY_TMPDIR": str(tmp_path / "ray")},
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "error: report_to names sinks:Uninstalled, whose library "
+        "perfed_ray_tests_no_such_library is not installed: pip install 'perfed-ray[nowhere]'"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ray").exists()
+
+
+@pytest.mark.parametrize("library", ALL)
+def test_a_built_in_tracker_without_its_extra_names_the_extra(monkeypatch, library):
+    """Each built-in tracker with its library hidden from the import system, as if its
+    extra had not been installed: the configuration is refused, naming the extra."""
+    monkeypatch.setitem(sys.modules, library, None)
+    with pytest.raises(ConfigError) as refused:
+        from_mapping({**TINY, "report_to": ["tensorboard", "mlflow", "wandb"]})
+    assert str(refused.value) == (
+        f"report_to names {library}, whose library {library} is not installed: "
+        f"pip install 'perfed-ray[{library}]'"
+    )
+
+
+@pytest.mark.slow
+def test_a_run_reported_to_all_three_reads_back_equal_to_its_parquet_rows(
+    ray_session, offline, tmp_path
+):
+    """One run of a sweep's (as its trials are grouped), every tracker fed; each read
+    back equals the rounds' rows and the evaluations' means, has every configuration
+    key and the summary, and is grouped under the sweep."""
+    _needs(*ALL)
+    out = tmp_path / "results"
+    values = {**TINY, "rounds": 6, "unseen_users": 0.25, "report_to": ALL}
+    result = simulate(values, out, progress=False, sweep="grid")
+    run_id, want = result.run_id, expected(out)
+    config = RunStore(out, run_id).load_record().config  # as the run resolved it
+    final = final_accuracy(read_table(out, "evals")).iloc[0]
+    assert read_table(out, "events").empty  # no tracker failed
+
+    board = tensorboard_scalars(out / "tensorboard" / "grid" / run_id)
+    assert_equal(board, want)
+    assert board["summary/accuracy"] == [(6, pytest.approx(final["accuracy"]))]
+    assert board["acc_after_ci95"][-1] == (6, pytest.approx(final["ci95"]))
+    assert {"acc_after_seen", "acc_after_unseen", "acc_before_unseen"} <= set(board)
+
+    client, [run] = mlflow_runs(tmp_path)
+    assert run.info.run_name == run_id and run.info.status == "FINISHED"
+    assert run.data.tags["perfed_ray.sweep"] == "grid"
+    assert run.data.params == {k: str(v) for k, v in config.items()}
+    metrics = mlflow_metrics(client, run.info.run_id)
+    assert_equal(metrics, want)
+    assert metrics["summary/ci95"] == [(6, pytest.approx(final["ci95"]))]
+
+    records = wandb_records(tmp_path, json.loads(_kept(out, run_id))["wandb"]["id"])
+    [started] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert started.display_name == run_id and started.run_group == "grid"
+    logged = {k: v for k, v in _items(started.config.update).items() if k != "_wandb"}
+    assert logged == {k: v for k, v in config.items()}
+    history = wandb_history(records)
+    steps = [s for s, _ in history]
+    assert steps == sorted(set(steps)) == list(range(7))
+    by_name = {name: [(s, row[name]) for s, row in history if name in row] for name in want}
+    assert_equal(by_name, want)
+    summaries = [
+        _items(r.summary.update) for r in records if r.WhichOneof("record_type") == "summary"
+    ]
+    assert any(s.get("accuracy") == pytest.approx(final["accuracy"]) for s in summaries)
+
+
+def _kept(out: Path, run_id: str) -> str:
+    return (out / "checkpoints" / f"run_id={run_id}" / "trackers.json").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_round_and_resumed_logs_no_step_twice(ray_session, offline, tmp_path):
+    """SIGKILL in round 5 after the rows up to round 4 were written (checkpoint at
+    round 3), the trackers' thread somewhere in them: the resumed run continues the
+    same MLflow and W&B runs and TensorBoard folder, sends what they miss up to round 3
+    from the Parquet rows and the replayed rounds they do not hold, and every tracker
+    then holds each step once, with the Parquet rows' losses and accuracies."""
+    _needs(*ALL)
+    values = {
+        **TINY,
+        "rounds": 8,
+        "checkpoint_every": 3,
+        "fraction": 1.0,
+        "report_to": ALL,
+    }
+    out, run_dir, saved = killed_mid_round(ray_session, values, tmp_path)
+    assert saved.round == 3
+    run_id = run_dir.name.removeprefix("run_id=")
+    first = json.loads(_kept(out, run_id))  # rows up to round 4 were written, 3 checkpointed
+    assert set(first) == set(ALL) and all(0 <= kept["step"] <= 4 for kept in first.values())
+    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
+    events = read_table(out, "events")
+    assert events.empty or "tracker-failed" not in set(events["kind"]), events["detail"]
+    kept = json.loads(_kept(out, run_id))
+    assert kept["mlflow"]["run_id"] == first["mlflow"]["run_id"]
+    assert kept["wandb"]["id"] == first["wandb"]["id"]
+
+    want = {k: v for k, v in expected(out).items() if k in ("train_loss", "acc_after")}
+    assert_equal(tensorboard_scalars(out / "tensorboard" / run_id), want)
+    client, [run] = mlflow_runs(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert_equal(mlflow_metrics(client, run.info.run_id), want)
+    # W&B writes its file from its own process every few seconds (its transaction
+    # log), which the SIGKILL ends too: the first sitting's last steps may be lost
+    # there (never in Parquet), but none is logged twice and the second's are whole.
+    records = wandb_records(tmp_path, kept["wandb"]["id"])
+    history = wandb_history(records)
+    steps = [s for s, _ in history]
+    assert steps == sorted(set(steps)) and set(range(5, 9)) <= set(steps)
+    want = {k: {s: v for s, v in by_step.items() if s in steps} for k, by_step in want.items()}
+    by_name = {name: [(s, row[name]) for s, row in history if name in row] for name in want}
+    assert_equal(by_name, want)
+
+
+@pytest.mark.slow
+def test_a_failing_tracker_is_reported_once_and_the_run_completes(
+    ray_session, tmp_path, monkeypatch
+):
+    """A user's tracker that raises in round 2: one `tracker-failed` event naming it and
+    the error, a finished run with every row, and the other trackers complete:
+    TensorBoard, and the tracking page's own example, run as printed."""
+    _needs("tensorboard")
+    page = (PLUGINS.parents[1] / "docs/guide/tracking.md").read_text()
+    example = re.search(r"<!-- tracker:begin -->\n```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "jsonl_sink.py").write_text(example)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    trackers = ["sinks:Failing", "tensorboard", "jsonl_sink:JsonLines"]
+    result = simulate({**TINY, "report_to": trackers}, out, progress=False)
+    events = read_table(out, "events")
+    assert events[["round", "kind"]].values.tolist() == [[2, "tracker-failed"]]
+    assert events["detail"].iloc[0] == (
+        "sinks:Failing: ConnectionError: the tracking server at http://tracker.invalid went away"
+    )
+    runs = result.table("runs")
+    assert runs[["status", "rounds_done"]].values.tolist() == [["finished", 4]]
+    assert len(result.table("rounds")) == 4
+    kept = json.loads(_kept(out, result.run_id))
+    assert kept == {
+        "sinks:Failing": {"step": 0},
+        "tensorboard": {"step": 4},
+        "jsonl_sink:JsonLines": {"step": 4},
+    }
+    lines = (tmp_path / f"{result.run_id}.jsonl").read_text().splitlines()
+    lines = [json.loads(line) for line in lines]
+    assert [line["round"] for line in lines] == [0, 1, 2, 3, 4]
+    losses = {line["round"]: line["train_loss"] for line in lines if "train_loss" in line}
+    assert losses == result.table("rounds").set_index("round")["train_loss"].to_dict()
+    board = tensorboard_scalars(out / "tensorboard" / result.run_id)
+    assert [s for s, _ in board["train_loss"]] == [1, 2, 3, 4]
+    assert not math.isnan(pd.Series(dict(board["acc_after"])).sum())
