@@ -1,5 +1,5 @@
 """One registry per concept: algorithms, models, data sets, partitioners, engines, strategies,
-client and server optimisers, privacy mechanisms.
+client and server optimisers, privacy mechanisms, users' devices and availability.
 
 A configuration names a component by a registered name (``perfedavg-hf``), by a
 dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
@@ -306,6 +306,34 @@ PRIVACY = Registry(
     section="privacy",
 )
 
+DEVICES = Registry(
+    "device model",
+    "devices",
+    {
+        "equal": "perfed_ray.population.devices:EqualDevices",
+        "lognormal": "perfed_ray.population.devices:LognormalDevices",
+        "table": "perfed_ray.population.devices:TableDevices",
+    },
+    group="perfed_ray.devices",
+    base="perfed_ray.population.devices:Devices",
+    guide="docs/guide/simulated-time.md",
+    section="devices",
+)
+
+AVAILABILITY = Registry(
+    "availability model",
+    "availability",
+    {
+        "always": "perfed_ray.population.availability:Availability",
+        "diurnal": "perfed_ray.population.availability:Diurnal",
+        "table": "perfed_ray.population.availability:TableAvailability",
+    },
+    group="perfed_ray.availability",
+    base="perfed_ray.population.availability:Availability",
+    guide="docs/guide/simulated-time.md",
+    section="availability",
+)
+
 REGISTRIES = {
     r.key: r
     for r in (
@@ -318,9 +346,18 @@ REGISTRIES = {
         CLIENT_OPTIMIZERS,
         SERVER_OPTIMIZERS,
         PRIVACY,
+        DEVICES,
+        AVAILABILITY,
     )
 }
 # Configuration keys whose components declare settings, each in a section of its own
 # name (`fedrep: {head_epochs: 10}`) or of its registry's (`privacy.epsilon`): see
 # perfed_ray.settings.
-SECTIONED = ("algorithm", "client_optimizer", "server_optimizer", "privacy")
+SECTIONED = (
+    "algorithm",
+    "client_optimizer",
+    "server_optimizer",
+    "privacy",
+    "devices",
+    "availability",
+)

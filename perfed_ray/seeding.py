@@ -32,6 +32,8 @@ class Stream(enum.IntEnum):
     DROPOUT = 12
     CENTRAL_NOISE = 13
     LOCAL_NOISE = 14
+    DEVICES = 15
+    AVAILABILITY = 16
 
 
 def stream_seed(seed: int, stream: Stream, *keys: int) -> int:

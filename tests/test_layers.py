@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("version",),
     ("registry", "settings"),
     ("config",),
+    # the simulated population: devices and availability (NumPy and pandas alone)
+    ("population",),
     # the maths, which knows nothing of Ray
     ("data",),
     ("algorithms", "optimizers", "dropout", "postprocess"),

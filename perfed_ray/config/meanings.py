@@ -161,6 +161,16 @@ MEANINGS: dict[str, str] = {
         "clipped, Gaussian noise on their sum at the server) or local (each user noises "
         "its own update); its settings in the privacy section (privacy.epsilon ...)"
     ),
+    "devices": (
+        "users' devices on the simulated clock, how fast each computes and communicates: "
+        "equal (every user devices.compute_ms and devices.bandwidth_kbps), lognormal "
+        "(each user's drawn once around them) or table (devices.file)"
+    ),
+    "availability": (
+        "when users are online on the simulated clock: always, diurnal (each user a "
+        "window of availability.online of every day) or table (availability.file's "
+        "intervals, repeating every availability.period seconds)"
+    ),
     "aggregation": (
         "how users' models are combined: their plain mean (Algorithm 1) or their "
         "mean weighted by training samples"

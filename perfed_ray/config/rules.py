@@ -90,6 +90,9 @@ def check(cfg: RunConfig) -> None:
             f"eval_users = {sampled:g} is not allowed: all, a whole number of users up to "
             f"n_users = {cfg.n_users}, or a fraction below 1"
         )
+    for key in ("devices", "availability"):  # their tables are read and checked here
+        model = REGISTRIES[key].load(getattr(cfg, key))
+        model.validate(model.HParams.of(cfg))
     if cfg.privacy != "none":
         mechanism = REGISTRIES["privacy"].load(cfg.privacy)
         mechanism.validate(mechanism.HParams.of(cfg), method.fixed_server)

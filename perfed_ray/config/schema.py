@@ -87,6 +87,8 @@ class RunConfig:
     strategy: str = _key("uniform", registry=True)
     aggregation: str = _key("mean", choices=AGGREGATIONS)
     privacy: str = _key("none", registry=True)
+    devices: str = _key("equal", registry=True)
+    availability: str = _key("always", registry=True)
     num_cpus_per_actor: float | None = _key(None, low=0, low_open=True, auto=True)
     num_gpus_per_actor: float | None = _key(None, low=0, auto=True)
     checkpoint_every: int = _key(20, low=1)
