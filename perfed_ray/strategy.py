@@ -272,7 +272,6 @@ class Strategy:
             end = min((timing.next_online(int(u), now) for u in self._seen), default=now)
         reporting = sorted(t.user for t in kept)
         trained = self.trained(round_, reporting)
-        ids = {t.user: t.id for t in kept}
         schedule.now = end if math.isfinite(end) else now
         schedule.advance()
         return Step(
@@ -280,7 +279,7 @@ class Strategy:
             users,
             trained,
             reporting,
-            [ids.get(u, -1) for u in trained],
+            [],  # summed at once: nothing is held
             [],
             [],
             False,

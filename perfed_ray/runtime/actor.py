@@ -244,6 +244,7 @@ class UserActor:
             len(taken),
             float(losses.double().sum()),
             seconds=time.perf_counter() - clock,
+            guests=visiting or None,
             rebased=float(sum(a for a, s in zip(scale, stale, strict=True) if s)),
         )
 

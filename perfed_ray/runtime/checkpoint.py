@@ -69,7 +69,8 @@ class Checkpoint:
     accuracy: tuple[int, float] | None
     states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
     schedule: dict[str, Any] | None = None  # the clock and its queue, as JSON values
-    held: dict[int, tuple] = field(default_factory=dict)  # task -> (user, version, model, loss)
+    # task -> (user, version, model, loss, the actor holding it)
+    held: dict[int, tuple] = field(default_factory=dict)
     bases: dict[int, np.ndarray] = field(default_factory=dict)  # version -> its model
 
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
@@ -89,11 +90,11 @@ def _held(saved: np.lib.npyio.NpzFile) -> tuple[dict[int, tuple], dict[int, np.n
     """The held updates and their models' versions (none in older checkpoints)."""
     if "held_tasks" not in saved.files or not len(saved["held_tasks"]):
         return {}, {}
-    columns = (saved[k] for k in ("held_tasks", "held_users", "held_versions", "held_losses"))
+    names = ("held_tasks", "held_users", "held_versions", "held_losses", "held_actors")
     models = saved["held_models"]
     held = {
-        int(t): (int(u), int(v), models[i], float(loss))
-        for i, (t, u, v, loss) in enumerate(zip(*columns, strict=True))
+        int(t): (int(u), int(v), models[i], float(loss), int(a))
+        for i, (t, u, v, loss, a) in enumerate(zip(*(saved[k] for k in names), strict=True))
     }
     bases = saved["bases"]
     return held, {int(v): bases[i] for i, v in enumerate(saved["base_versions"])}
@@ -185,6 +186,7 @@ class RunStore:
                     held_versions=np.array([h[1] for h in held], dtype=np.int64),
                     held_models=_stacked([h[2] for h in held]),
                     held_losses=np.array([h[3] for h in held], dtype=np.float64),
+                    held_actors=np.array([h[4] for h in held], dtype=np.int64),
                     base_versions=np.array(versions, dtype=np.int64),
                     bases=_stacked([checkpoint.bases[v] for v in versions]),
                     **{f"{SERVER}{k}": v for k, v in server.optimizer.items()},

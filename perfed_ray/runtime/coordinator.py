@@ -87,9 +87,9 @@ class Batch:
     def on(self, users: list[int], held: set[int]) -> Batch:
         """The part of it for an actor that trains `users` and holds the tasks `held`."""
         ids = None
-        if self.tasks is not None:
-            chosen = set(users)
-            ids = [t for t, u in zip(self.tasks, self.users, strict=True) if u in chosen]
+        if self.tasks is not None:  # in the order of `users`, which the actor trains
+            task_of = dict(zip(self.users, self.tasks, strict=True))
+            ids = [task_of[u] for u in users]
         reporting = self.reporting
         if reporting is not None and reporting != self.users:
             summed = set(reporting)
@@ -188,11 +188,9 @@ class Coordinator:
                     visits = self._visits(batch.round, by_actor)
             else:
                 by_actor = hosted(batch.users, self.host_of)
+            task_of = dict(zip(batch.users, batch.tasks or [], strict=False))
             for a, us in by_actor.items():
-                chosen = set(us)
-                for t, u in zip(batch.tasks or [], batch.users, strict=False):
-                    if u in chosen:
-                        self.holder[t] = a
+                self.holder.update({task_of[u]: a for u in us if u in task_of})
             holds: dict[int, set[int]] = {}
             for t in [*(t for t, _ in batch.summed), *batch.discard]:
                 holds.setdefault(self.holder.pop(t), set()).add(t)
@@ -222,24 +220,24 @@ class Coordinator:
         return pa.concat_tables([scores[a] for a in sorted(scores)])
 
     def held(self, round_: int) -> tuple[dict[int, tuple], dict[int, np.ndarray]]:
-        """The updates the actors hold (task id -> (user, version, model, loss)) and the
-        models they started from (version -> weights), for a checkpoint; no call where
-        none is held."""
+        """The updates the actors hold (task id -> (user, version, model, loss, the actor
+        holding it)) and the models they started from (version -> weights), for a
+        checkpoint; no call where none is held."""
         held: dict[int, tuple] = {}
         bases: dict[int, np.ndarray] = {}
         actors = sorted(set(self.holder.values()))
-        for _, (mine, started) in self.pool.gather(round_, "held", dict.fromkeys(actors, ())):
-            held.update(mine)
+        for a, (mine, started) in self.pool.gather(round_, "held", dict.fromkeys(actors, ())):
+            held.update({t: (*update, a) for t, update in mine.items()})
             bases.update(started)
         return held, bases
 
     def hold(self, held: dict[int, tuple], bases: dict[int, np.ndarray]) -> None:
         """Give held updates back to the actors (a resumed run's, from its checkpoint),
-        each to its user's host, with the models they started from."""
+        each to the actor that held it (its sums are grouped as they were), with the
+        models they started from."""
         by_actor: dict[int, dict[int, tuple]] = {}
-        for task, update in held.items():
-            a = self.host_of(update[0])
-            by_actor.setdefault(a, {})[task] = update
+        for task, (*update, a) in held.items():
+            by_actor.setdefault(a, {})[task] = tuple(update)
             self.holder[task] = a
         ray.get(
             [

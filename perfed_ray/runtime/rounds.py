@@ -124,7 +124,8 @@ class Rounds:
         self.earlier_seconds = resume_from.wall_seconds if resume_from else 0.0
         self.resume_from = resume_from
         saved = resume_from.schedule if resume_from else None
-        self.schedule = Schedule.from_json(saved) if saved else Schedule()
+        # A checkpoint older than the simulated clock resumes its clock at 0.
+        self.schedule = Schedule.from_json(saved) if saved else Schedule(version=self.rounds_done)
         self.clock = time.perf_counter() if clock is None else clock  # this sitting's start
         self.span_length = 1  # rounds a call (fixed_server), measured as the run goes
 
