@@ -8,6 +8,7 @@ engine, and a run SIGKILLed mid-run resumes to the same tables."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from perfed_ray.asynchronous import FedAsync, FedBuff, staleness_weight
 from perfed_ray.cli import main
 from perfed_ray.clock import Schedule, Timing
 from perfed_ray.config import from_mapping
+from perfed_ray.errors import ConfigError
 from perfed_ray.population.devices import Device, task_seconds
 from perfed_ray.strategy import ServerState, Step, Strategy
 
@@ -182,6 +184,23 @@ def test_fedbuffs_step_adds_the_weighted_mean_update_to_the_current_model(tmp_pa
     np.testing.assert_allclose(new.weights, expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"strategy": "fedasync", "fedasync.concurrency": 7}, "more tasks in flight than the 6"),
+        ({"strategy": "fedbuff", "dropout": 0.1}, "dropout = 0.1 is a synchronous round's"),
+        ({"strategy": "fedbuff", "sampling": "poisson"}, "sampling = 'poisson' is a synchronous"),
+        ({"overcommit": 0.5}, "overcommit = 0.5 is out of range"),
+        ({"overcommit": 1.5, "sampling": "poisson"}, "sampling: poisson has none"),
+        ({"deadline": 0}, "deadline = 0.0 is out of range"),
+    ],
+)
+def test_settings_the_clock_or_an_asynchronous_server_cannot_run_are_refused(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_mapping({**CLOCK, "devices": "equal", **values})
+
+
+@pytest.mark.slow
 def test_an_actor_holds_updates_and_sums_stale_ones_as_updates(ray_session):
     """Tasks trained in one call are held; a later call sums a fresh one as its model and
     stale ones as their updates (model minus the model they started from), weighted."""
