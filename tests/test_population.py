@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_bad_input import TINY_RUN, _run
 
-from perfed_ray.config import from_mapping
+from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.learner import Learner
 from perfed_ray.models import initial_model, params_of
 from perfed_ray.population.availability import DAY
@@ -292,3 +293,114 @@ def test_answers_do_not_depend_on_the_order_of_the_questions(tmp_path):
             shuffled = getattr(again, f"{ask}_array")(users[order], times[order])
             assert np.array_equal(shuffled, np.array(one_by_one)[order]), (values, ask)
             assert np.array_equal(getattr(model, f"{ask}_array")(users, times), one_by_one)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+DEVICE_ROWS = {
+    "user": [0, 1, 2],
+    "compute_ms_per_sample": [1.0, 2.0, 3.0],
+    "download_kbps": [100.0, 200.0, 300.0],
+    "upload_kbps": [10.0, 20.0, 30.0],
+}
+
+
+def _bad_tables(tmp_path: Path) -> list[tuple[dict, str]]:
+    """(configuration, the one line it must be refused with) for each bad table."""
+
+    def devices(name: str, **changes) -> dict:
+        path = tmp_path / name
+        frame = pd.DataFrame({**DEVICE_ROWS, **changes})
+        frame.to_csv(path, index=False) if name.endswith(".csv") else frame.to_parquet(path)
+        return {"devices": "table", "devices.file": str(path)}
+
+    def online(name: str, rows: list) -> dict:
+        return {"availability": "table", "availability.file": _intervals(tmp_path, rows, name)}
+
+    everyone = [(0, 0, 10), (1, 0, 10), (2, 0, 10)]
+    return [
+        (
+            {"devices": "table", "devices.file": str(tmp_path / "nowhere.parquet")},
+            "devices.file = '{tmp}/nowhere.parquet': no such file",
+        ),
+        ({"devices": "table"}, "devices.file is not set: name a Parquet or CSV file"),
+        (
+            {"devices": "table", "devices.file": str(tmp_path / "devices.txt")},
+            "devices.file = '{tmp}/devices.txt': the file must end in .parquet, .pq or .csv",
+        ),
+        (
+            devices("slow.parquet", download_kbps=[100.0, 0.0, 300.0]),
+            "devices.file = '{tmp}/slow.parquet': user 1 has download_kbps = 0; every speed "
+            "must be positive",
+        ),
+        (
+            devices("negative.csv", compute_ms_per_sample=[1.0, 2.0, -3.0]),
+            "user 2 has compute_ms_per_sample = -3; every speed must be positive",
+        ),
+        (
+            devices("unknown.parquet", user=[0, 1, 7]),
+            "has rows for user 7, which the run does not have (users 0 to 2, n_users = 3)",
+        ),
+        (
+            devices("twice.parquet", user=[0, 1, 1]),
+            "has no row for user 2 (1 of the run's 3 users missing)",
+        ),
+        (
+            devices("text.csv", upload_kbps=["fast", "20", "30"]),
+            "devices.file = '{tmp}/text.csv', row 0: upload_kbps = 'fast' is not a finite number",
+        ),
+        (
+            {**devices("columns.parquet"), "devices.file": _intervals(tmp_path, everyone)},
+            "has no column compute_ms_per_sample, download_kbps, upload_kbps: it needs columns "
+            "user, compute_ms_per_sample, download_kbps, upload_kbps",
+        ),
+        (
+            online("overlap.parquet", [*everyone, (1, 5, 20)]),
+            "user 1's intervals [0, 10) and [5, 20) overlap",
+        ),
+        (
+            online("negative.parquet", [*everyone, (2, -5, -1)]),
+            "user 2 has the interval [-5, -1); an interval needs 0 <= start < end <= "
+            "availability.period = 86400",
+        ),
+        (
+            online("late.parquet", [*everyone, (0, 86000, 90000)]),
+            "user 0 has the interval [86000, 90000)",
+        ),
+        (online("empty.parquet", [*everyone, (0, 20, 20)]), "user 0 has the interval [20, 20)"),
+        (online("missing.parquet", everyone[:2]), "has no row for user 2"),
+        (
+            {"devices.compute_sigma": -1.0},
+            "devices.compute_sigma = -1.0 is out of range: a number >= 0",
+        ),
+        (
+            {"devices.bandwidth_kbps": 0},
+            "devices.bandwidth_kbps = 0.0 is out of range: a number > 0",
+        ),
+        ({"availability.online": 1.5}, "availability.online = 1.5 is out of range"),
+        ({"availability": "weekly"}, "availability = 'weekly' is not allowed"),
+    ]
+
+
+def test_bad_tables_and_settings_are_refused_when_the_configuration_is_read(tmp_path):
+    for values, message in _bad_tables(tmp_path):
+        with pytest.raises(ConfigError) as refused:
+            from_mapping({"n_users": 3, "fraction": 1.0, **values})
+        assert message.format(tmp=tmp_path) in str(refused.value), values
+
+
+def _refused_by_the_cli(tmp_path: Path, case: int) -> None:
+    values, message = _bad_tables(tmp_path)[case]
+    pairs = {**TINY_RUN, "n_users": 3, "fraction": 1.0, **values}
+    line = _run(*[a for k, v in pairs.items() for a in ("--set", f"{k}={v}")], cwd=tmp_path)
+    assert message.format(tmp=tmp_path) in line
+
+
+def test_a_bad_table_exits_2_in_one_line_before_ray_starts(tmp_path):
+    _refused_by_the_cli(tmp_path, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [0, 5, 9, 14])
+def test_more_bad_input_exits_2_in_one_line_before_ray_starts(tmp_path, case):
+    _refused_by_the_cli(tmp_path, case)
