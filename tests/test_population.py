@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from test_bad_input import TINY_RUN, _run
 
+from perfed_ray.cli import main
 from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.learner import Learner
 from perfed_ray.models import initial_model, params_of
@@ -404,3 +407,76 @@ def test_a_bad_table_exits_2_in_one_line_before_ray_starts(tmp_path):
 @pytest.mark.parametrize("case", [0, 5, 9, 14])
 def test_more_bad_input_exits_2_in_one_line_before_ray_starts(tmp_path, case):
     _refused_by_the_cli(tmp_path, case)
+
+
+# -- FedScale's traces --------------------------------------------------------------------
+
+
+def _fedscale_traces(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """Two pickles in FedScale's formats (benchmark/dataset/data/device_info/README.md):
+    capacities keyed by client id, traces keyed by anything, in the dictionary's order."""
+    capacities = {
+        1: {"computation": 10.0, "communication": 800.0},
+        2: {"computation": 2.5, "communication": 20000.0},
+        3: {"computation": np.float64(40.0), "communication": 150.0},  # NumPy values too
+        4: {"computation": 1.0, "communication": 1.0},
+    }
+    traces = {
+        "dev-a": {"duration": 1, "active": [0], "inactive": [1], "finish_time": 9, "model": "x"},
+        "dev-b": {"active": [10, 50], "inactive": [20, 70], "finish_time": 100, "model": "y"},
+        "dev-c": {"active": [0], "inactive": [10], "finish_time": 40, "model": "z"},
+        # unsorted, one of no length, one up to the end (the next starts at 0)
+        "dev-d": {"active": [90, 30, 0], "inactive": [100, 30, 5], "finish_time": 100},
+    }
+    paths = tmp_path / "client_device_capacity", tmp_path / "client_behave_trace"
+    for path, data in zip(paths, (capacities, traces), strict=True):
+        path.write_bytes(pickle.dumps(data))
+    return *paths, traces
+
+
+def _fedscale_online(trace: dict, t: float) -> bool:
+    """FedScale's meaning of a trace: online in some [active, inactive] of the cycle."""
+    cycle = t % trace["finish_time"]
+    return any(a <= cycle <= b for a, b in zip(trace["active"], trace["inactive"], strict=True))
+
+
+def test_fedscale_traces_become_tables_a_run_reads(tmp_path, capsys):
+    device_pickle, behave_pickle, traces = _fedscale_traces(tmp_path)
+    out = tmp_path / "tables"
+    assert main(["convert-fedscale", str(device_pickle), str(behave_pickle), "--out", str(out),
+                 "--users", "3"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "for 3 users" in printed and "1 users' traces repeat sooner" in printed
+    settings = yaml.safe_load(printed.split("run them with:\n")[1])
+    assert settings["availability.period"] == 100
+    cfg = from_mapping({**settings, "fraction": 1.0})  # checked as a run checks them
+    devices = DEVICES.load(cfg.devices)(cfg)
+    # user u is FedScale's client u + 1: capacity key u + 1, a training sample 3 inferences
+    for user, (compute, kbps) in enumerate([(10.0, 800.0), (2.5, 20000.0), (40.0, 150.0)]):
+        assert devices.device(user) == Device(3 * compute, kbps, kbps)
+        # FedScale's get_completion_time, its kbit as 1000 bits: 3 * B * steps * ms / 1000
+        # + (upload + download kbit) / bandwidth
+        model_kbit, batch, steps = 400.0, 20, 5
+        fedscale = 3 * batch * steps * compute / 1000 + 2 * model_kbit / kbps
+        ours = task_seconds(devices.device(user), model_kbit * 125, model_kbit * 125, batch * steps)
+        assert ours == pytest.approx(fedscale)
+    online = AVAILABILITY.load(cfg.availability)(cfg)
+    keys = list(traces)
+    times = np.arange(0, 100) + 0.5
+    for user in range(3):
+        trace = traces[keys[(user + 1) % len(keys)]]  # FedScale's client manager's pick
+        ours = online.online_array(np.full(len(times), user), times)
+        assert ours.tolist() == [_fedscale_online(trace, t) for t in times], user
+        later = online.online_array(np.full(len(times), user), times + 300)
+        assert (later == ours).all()  # the table's period: 100 s for every user
+    assert online.online_until(2, 95.0) == 105.0  # [90, 100) runs into [0, 5)
+
+
+def test_fedscale_traces_that_cannot_be_converted_exit_2(tmp_path, capsys):
+    device_pickle, behave_pickle, _ = _fedscale_traces(tmp_path)
+    convert = ["convert-fedscale", str(device_pickle), str(behave_pickle), "--out", str(tmp_path)]
+    assert main([*convert, "--users", "4"]) == 2  # client 4 takes key 0, which is missing
+    assert "has no entry 0 for client 4" in capsys.readouterr().err
+    (tmp_path / "evil").write_bytes(pickle.dumps({1: os.getcwd}))
+    assert main(["convert-fedscale", str(tmp_path / "evil"), *convert[2:]]) == 2
+    assert "posix.getcwd is not plain trace data" in capsys.readouterr().err
