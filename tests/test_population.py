@@ -170,6 +170,8 @@ def _in_another_process(code: str) -> str:
 
 
 def test_lognormal_devices_are_keyed_by_user_whatever_the_order_and_the_process():
+    """The same draws asked for in two orders, and in another process that loads the
+    population alone: which needs neither torch nor Ray."""
     values = {"n_users": 1000, "devices": "lognormal", "seed": 3}
     users = np.array([999, 5, 17, 5, 0])
     forwards = _devices(values).device_array(users).compute_ms_per_sample
@@ -178,11 +180,15 @@ def test_lognormal_devices_are_keyed_by_user_whatever_the_order_and_the_process(
     assert forwards.tolist() == backwards[::-1]
     assert forwards[1] == forwards[3]
     code = (
-        "from perfed_ray.config import from_mapping; from perfed_ray.registry import DEVICES; "
-        f"cfg = from_mapping({values!r}); d = DEVICES.load('lognormal')(cfg); "
-        "print(repr(d.device(17).compute_ms_per_sample))"
+        "import sys\n"
+        "from perfed_ray.population.devices import SETTINGS, DevicesHParams, LognormalDevices\n"
+        "section = {k: s.default for k, s in SETTINGS.items()}\n"
+        "hparams = DevicesHParams(section=section, seed=3, n_users=1000)\n"
+        "print(repr(LognormalDevices(hparams).device(17).compute_ms_per_sample))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')))\n"
     )
-    assert float(_in_another_process(code)) == forwards[2]
+    drawn, loaded = _in_another_process(code).splitlines()
+    assert float(drawn) == forwards[2] and loaded == "[]"
 
 
 # -- availability -------------------------------------------------------------------------
