@@ -155,12 +155,15 @@ class Devices:
 
 class EqualDevices(Devices):
     """`devices: equal`: every user's device computes at `compute_ms` and communicates
-    at `bandwidth_kbps` both ways."""
+    at `bandwidth_kbps` both ways. Made for the users asked about, never for everyone:
+    the default costs no memory in the population."""
 
     def everyone(self) -> DeviceArray:
-        n = self.hparams.n_users
-        bandwidth = np.full(n, self.section["bandwidth_kbps"])
-        return DeviceArray(np.full(n, self.section["compute_ms"]), bandwidth, bandwidth)
+        return self.device_array(np.arange(self.hparams.n_users))
+
+    def device_array(self, users: np.ndarray) -> DeviceArray:
+        bandwidth = np.full(len(users), self.section["bandwidth_kbps"])
+        return DeviceArray(np.full(len(users), self.section["compute_ms"]), bandwidth, bandwidth)
 
 
 class LognormalDevices(Devices):
