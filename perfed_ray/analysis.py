@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS
+from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS, TASKS
 from perfed_ray.results.reader import read_runs, read_table
 
 # read_table and read_runs are the results package's; a notebook's analysis starts here.
@@ -50,7 +50,12 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(half)
 
 
-OUTCOME = {ROUNDS: ["round"], EVALS: ["round", "user", "draw"], EVENTS: ["round", "kind"]}
+OUTCOME = {
+    ROUNDS: ["round"],
+    EVALS: ["round", "user", "draw"],
+    EVENTS: ["round", "kind"],
+    TASKS: ["task"],
+}
 # How long it took, how the weights travelled (a span of rounds sends them once, and
 # where spans end follows the time rounds take) and the run's name: not results.
 MEASURED = [

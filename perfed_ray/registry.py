@@ -259,6 +259,8 @@ STRATEGIES = Registry(
     "strategy",
     {
         "uniform": "perfed_ray.strategy:Strategy",
+        "fedbuff": "perfed_ray.asynchronous:FedBuff",
+        "fedasync": "perfed_ray.asynchronous:FedAsync",
     },
     group="perfed_ray.strategies",
     base="perfed_ray.strategy:Strategy",
@@ -360,4 +362,5 @@ SECTIONED = (
     "privacy",
     "devices",
     "availability",
+    "strategy",
 )

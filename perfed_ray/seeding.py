@@ -37,6 +37,7 @@ class Stream(enum.IntEnum):
     LOCAL_NOISE = 14
     DEVICES = 15
     AVAILABILITY = 16
+    TASK_SAMPLING = 17  # an asynchronous server's draws of users after a version's first
 
 
 def stream_seed(seed: int, stream: Stream, *keys: int) -> int:

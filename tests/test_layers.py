@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("privacy",),
     ("models",),
     ("engines",),
-    ("strategy", "learner"),
+    ("clock", "strategy", "asynchronous", "learner"),
     # the results folder: its layout, writing and reading
     ("results",),
     # reading results: analysis consumes the results package, reports and displays it

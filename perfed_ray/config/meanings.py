@@ -197,7 +197,17 @@ MEANINGS: dict[str, str] = {
     ),
     "stragglers": (
         "chance that a sampled user that did not drop out reports after the round's "
-        "deadline and is cut; recorded in `events`"
+        "deadline and is cut; recorded in `events` (a draw, beside the simulated clock: "
+        "`deadline` cuts by the users' devices instead)"
+    ),
+    "overcommit": (
+        "a synchronous round samples ceil(overcommit * cohort) online users and keeps the "
+        "first cohort to finish on the simulated clock (FedScale's over-commitment); the "
+        "rest are `late` in the tasks table"
+    ),
+    "deadline": (
+        "simulated seconds a task may take (download, local work, upload) before it is "
+        "`late` and cut; off: none"
     ),
     "tag": "free-form label stored with the results",
 }

@@ -103,3 +103,4 @@ def check(cfg: RunConfig) -> None:
                 f"privacy = {cfg.privacy} cannot bound (it assumes each user counts once): "
                 f"keep Strategy.weight under privacy"
             )
+    REGISTRIES["strategy"].load(cfg.strategy).validate(cfg)

@@ -95,6 +95,8 @@ class RunConfig:
     actor_retries: int = _key(3, low=0)
     dropout: float = _key(0.0, low=0, high=1)
     stragglers: float = _key(0.0, low=0, high=1)
+    overcommit: float = _key(1.0, low=1)
+    deadline: float | None = _key(None, low=0, low_open=True, auto=True, word="off")
     tag: str = _key("")
     settings: tuple[tuple[str, Any], ...] = ()  # components' settings: (dotted key, value)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from perfed_ray.config import CORE, RunConfig, component_settings
-from perfed_ray.results.layout import ACTORS, EVALS, EVENTS, ROUNDS, RUNS
+from perfed_ray.results.layout import ACTORS, EVALS, EVENTS, ROUNDS, RUNS, TASKS
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -71,6 +71,13 @@ ROUNDS_SCHEMA = pa.schema(
         # Differential privacy's epsilon spent after this round, at privacy.delta (inf:
         # no privacy; null in results written before privacy existed).
         ("epsilon", pa.float64()),
+        # Simulated seconds when the step's model was made (perfed_ray.clock).
+        ("sim_time", pa.float64()),
+        # An asynchronous strategy's own: the aggregated updates' staleness (server
+        # steps since their model), and the tasks still in flight after the step.
+        ("staleness_mean", pa.float64()),
+        ("staleness_max", pa.int64()),
+        ("in_flight", pa.int64()),
     ]
 )
 
@@ -90,6 +97,20 @@ EVALS_SCHEMA = pa.schema(
         ("acc_steps", pa.list_(pa.float64())),  # after 0, 1, ..., personalise_steps steps
         ("loss_steps", pa.list_(pa.float64())),
         ("unseen", pa.bool_()),  # never sampled for training (unseen_users)
+        ("sim_time", pa.float64()),  # simulated seconds when the scored model was made
+    ]
+)
+
+TASKS_SCHEMA = pa.schema(
+    [
+        ("task", pa.int64()),  # in dispatch order: ties in time are broken by it
+        ("user", pa.int64()),
+        ("version", pa.int64()),  # server steps done when it started
+        ("start", pa.float64()),  # simulated seconds
+        ("end", pa.float64()),  # its arrival, or when it was known lost
+        ("round", pa.int64()),  # the step that aggregated it (null: none)
+        ("staleness", pa.int64()),  # round - 1 - version
+        ("outcome", pa.string()),  # aggregated, late, offline, dropped, pending
     ]
 )
 
@@ -123,6 +144,7 @@ SCHEMAS = {
     EVALS: EVALS_SCHEMA,
     EVENTS: EVENTS_SCHEMA,
     ACTORS: ACTORS_SCHEMA,
+    TASKS: TASKS_SCHEMA,
 }
 
 
