@@ -137,18 +137,18 @@ class Diurnal(Availability):
             )
         return np.mod(t - self._starts[users], self.period)
 
-    def online_array(self, users, t):
+    def online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         return self._phase(users, t) < self.length
 
-    def online_until_array(self, users, t):
+    def online_until_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         if self.length >= self.period:
             return np.full(users.shape, math.inf)
         phase = self._phase(users, t)
         return np.where(phase < self.length, t + (self.length - phase), t)
 
-    def next_online_array(self, users, t):
+    def next_online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         phase = self._phase(users, t)
         return np.where(phase < self.length, t, t + (self.period - phase))
@@ -190,16 +190,16 @@ class TableAvailability(Availability):
         on = (low > self.offsets[users]) & (phase < self.ends[np.maximum(low - 1, 0)])
         return t - phase, low, on
 
-    def online_array(self, users, t):
+    def online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         return self._where(users, t)[2]
 
-    def online_until_array(self, users, t):
+    def online_until_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         base, following, on = self._where(users, t)
         return np.where(on, base + self.until[np.maximum(following - 1, 0)], t)
 
-    def next_online_array(self, users, t):
+    def next_online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         base, following, on = self._where(users, t)
         later = following < self.offsets[users + 1]
