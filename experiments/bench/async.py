@@ -1,6 +1,7 @@
 """FedBuff on the simulated clock beside synchronous FedAvg: issue 43's two targets.
 
     python experiments/bench/async.py [--rounds 50] [--users 10000 100000] [--scale-rounds 10]
+    python experiments/bench/async.py --parts scale     # one part alone
     python experiments/bench/async.py --smoke --out /tmp/bench   # CI: a tiny setting
 
 Writes OUT/async.parquet (default experiments/bench/results), one row a run:
@@ -44,6 +45,7 @@ import perfed_ray
 from perfed_ray.analysis import read_table
 
 CONCURRENCY, BUFFER = 1000, 100  # the scale part's FedBuff; the synchronous runs draw K
+PARTS = ["throughput", "scale"]
 
 
 def measure(values: dict) -> dict:
@@ -134,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50, help="server steps of the MNIST runs")
     parser.add_argument("--users", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--scale-rounds", type=int, default=10)
+    parser.add_argument("--parts", nargs="+", choices=("throughput", "scale"), default=PARTS)
     parser.add_argument("--smoke", action="store_true", help="3 MNIST steps, 300 users")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -141,7 +144,11 @@ def main() -> None:
     if args.smoke:
         args.rounds, args.users, args.scale_rounds = 3, [300], 3
         concurrency, buffer = 20, 5
-    rows = throughput(args.rounds) + scale(args.users, args.scale_rounds, concurrency, buffer)
+    rows = []
+    if "throughput" in args.parts:
+        rows += throughput(args.rounds)
+    if "scale" in args.parts:
+        rows += scale(args.users, args.scale_rounds, concurrency, buffer)
     print(f"wrote {save(rows, 'async', args.out)}")
 
 
