@@ -9,9 +9,12 @@ That is what makes a run identical whatever the placement of users on actors.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Stream(enum.IntEnum):
@@ -102,5 +105,9 @@ def numpy_rng(seed: int, stream: Stream, *keys: int) -> np.random.Generator:
 
 
 def torch_generator(seed: int, stream: Stream, *keys: int) -> torch.Generator:
-    """A CPU torch generator for a user's draws (batches) in one round or evaluation."""
+    """A CPU torch generator for a user's draws (batches) in one round or evaluation.
+    torch is imported here, not with the module: the population's keyed draws
+    (perfed_ray.population) and the configuration's checks need NumPy alone."""
+    import torch
+
     return torch.Generator().manual_seed(stream_seed(seed, stream, *keys))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
+from test_bad_input import TINY_RUN, _run
 
-from perfed_ray.config import from_mapping
+from perfed_ray.cli import main
+from perfed_ray.config import ConfigError, from_mapping
 from perfed_ray.learner import Learner
 from perfed_ray.models import initial_model, params_of
 from perfed_ray.population.availability import DAY
@@ -166,6 +170,8 @@ def _in_another_process(code: str) -> str:
 
 
 def test_lognormal_devices_are_keyed_by_user_whatever_the_order_and_the_process():
+    """The same draws asked for in two orders, and in another process that loads the
+    population alone: which needs neither torch nor Ray."""
     values = {"n_users": 1000, "devices": "lognormal", "seed": 3}
     users = np.array([999, 5, 17, 5, 0])
     forwards = _devices(values).device_array(users).compute_ms_per_sample
@@ -174,11 +180,15 @@ def test_lognormal_devices_are_keyed_by_user_whatever_the_order_and_the_process(
     assert forwards.tolist() == backwards[::-1]
     assert forwards[1] == forwards[3]
     code = (
-        "from perfed_ray.config import from_mapping; from perfed_ray.registry import DEVICES; "
-        f"cfg = from_mapping({values!r}); d = DEVICES.load('lognormal')(cfg); "
-        "print(repr(d.device(17).compute_ms_per_sample))"
+        "import sys\n"
+        "from perfed_ray.population.devices import SETTINGS, DevicesHParams, LognormalDevices\n"
+        "section = {k: s.default for k, s in SETTINGS.items()}\n"
+        "hparams = DevicesHParams(section=section, seed=3, n_users=1000)\n"
+        "print(repr(LognormalDevices(hparams).device(17).compute_ms_per_sample))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray')))\n"
     )
-    assert float(_in_another_process(code)) == forwards[2]
+    drawn, loaded = _in_another_process(code).splitlines()
+    assert float(drawn) == forwards[2] and loaded == "[]"
 
 
 # -- availability -------------------------------------------------------------------------
@@ -292,3 +302,187 @@ def test_answers_do_not_depend_on_the_order_of_the_questions(tmp_path):
             shuffled = getattr(again, f"{ask}_array")(users[order], times[order])
             assert np.array_equal(shuffled, np.array(one_by_one)[order]), (values, ask)
             assert np.array_equal(getattr(model, f"{ask}_array")(users, times), one_by_one)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+DEVICE_ROWS = {
+    "user": [0, 1, 2],
+    "compute_ms_per_sample": [1.0, 2.0, 3.0],
+    "download_kbps": [100.0, 200.0, 300.0],
+    "upload_kbps": [10.0, 20.0, 30.0],
+}
+
+
+def _bad_tables(tmp_path: Path) -> list[tuple[dict, str]]:
+    """(configuration, the one line it must be refused with) for each bad table."""
+
+    def devices(name: str, **changes) -> dict:
+        path = tmp_path / name
+        frame = pd.DataFrame({**DEVICE_ROWS, **changes})
+        frame.to_csv(path, index=False) if name.endswith(".csv") else frame.to_parquet(path)
+        return {"devices": "table", "devices.file": str(path)}
+
+    def online(name: str, rows: list) -> dict:
+        return {"availability": "table", "availability.file": _intervals(tmp_path, rows, name)}
+
+    everyone = [(0, 0, 10), (1, 0, 10), (2, 0, 10)]
+    return [
+        (
+            {"devices": "table", "devices.file": str(tmp_path / "nowhere.parquet")},
+            "devices.file = '{tmp}/nowhere.parquet': no such file",
+        ),
+        ({"devices": "table"}, "devices.file is not set: name a Parquet or CSV file"),
+        (
+            {"devices": "table", "devices.file": str(tmp_path / "devices.txt")},
+            "devices.file = '{tmp}/devices.txt': the file must end in .parquet, .pq or .csv",
+        ),
+        (
+            devices("slow.parquet", download_kbps=[100.0, 0.0, 300.0]),
+            "devices.file = '{tmp}/slow.parquet': user 1 has download_kbps = 0; every speed "
+            "must be positive",
+        ),
+        (
+            devices("negative.csv", compute_ms_per_sample=[1.0, 2.0, -3.0]),
+            "user 2 has compute_ms_per_sample = -3; every speed must be positive",
+        ),
+        (
+            devices("unknown.parquet", user=[0, 1, 7]),
+            "has rows for user 7, which the run does not have (users 0 to 2, n_users = 3)",
+        ),
+        (
+            devices("twice.parquet", user=[0, 1, 1]),
+            "has no row for user 2 (1 of the run's 3 users missing)",
+        ),
+        (
+            devices("text.csv", upload_kbps=["fast", "20", "30"]),
+            "devices.file = '{tmp}/text.csv', row 0: upload_kbps = 'fast' is not a finite number",
+        ),
+        (
+            {**devices("columns.parquet"), "devices.file": _intervals(tmp_path, everyone)},
+            "has no column compute_ms_per_sample, download_kbps, upload_kbps: it needs columns "
+            "user, compute_ms_per_sample, download_kbps, upload_kbps",
+        ),
+        (
+            online("overlap.parquet", [*everyone, (1, 5, 20)]),
+            "user 1's intervals [0, 10) and [5, 20) overlap",
+        ),
+        (
+            online("negative.parquet", [*everyone, (2, -5, -1)]),
+            "user 2 has the interval [-5, -1); an interval needs 0 <= start < end <= "
+            "availability.period = 86400",
+        ),
+        (
+            online("late.parquet", [*everyone, (0, 86000, 90000)]),
+            "user 0 has the interval [86000, 90000)",
+        ),
+        (online("empty.parquet", [*everyone, (0, 20, 20)]), "user 0 has the interval [20, 20)"),
+        (online("missing.parquet", everyone[:2]), "has no row for user 2"),
+        (
+            {"devices.compute_sigma": -1.0},
+            "devices.compute_sigma = -1.0 is out of range: a number >= 0",
+        ),
+        (
+            {"devices.bandwidth_kbps": 0},
+            "devices.bandwidth_kbps = 0.0 is out of range: a number > 0",
+        ),
+        ({"availability.online": 1.5}, "availability.online = 1.5 is out of range"),
+        ({"availability": "weekly"}, "availability = 'weekly' is not allowed"),
+    ]
+
+
+def test_bad_tables_and_settings_are_refused_when_the_configuration_is_read(tmp_path):
+    for values, message in _bad_tables(tmp_path):
+        with pytest.raises(ConfigError) as refused:
+            from_mapping({"n_users": 3, "fraction": 1.0, **values})
+        assert message.format(tmp=tmp_path) in str(refused.value), values
+
+
+def _refused_by_the_cli(tmp_path: Path, case: int) -> None:
+    values, message = _bad_tables(tmp_path)[case]
+    pairs = {**TINY_RUN, "n_users": 3, "fraction": 1.0, **values}
+    line = _run(*[a for k, v in pairs.items() for a in ("--set", f"{k}={v}")], cwd=tmp_path)
+    assert message.format(tmp=tmp_path) in line
+
+
+def test_a_bad_table_exits_2_in_one_line_before_ray_starts(tmp_path):
+    _refused_by_the_cli(tmp_path, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [0, 5, 9, 14])
+def test_more_bad_input_exits_2_in_one_line_before_ray_starts(tmp_path, case):
+    _refused_by_the_cli(tmp_path, case)
+
+
+# -- FedScale's traces --------------------------------------------------------------------
+
+
+def _fedscale_traces(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """Two pickles in FedScale's formats (benchmark/dataset/data/device_info/README.md):
+    capacities keyed by client id, traces keyed by anything, in the dictionary's order."""
+    capacities = {
+        1: {"computation": 10.0, "communication": 800.0},
+        2: {"computation": 2.5, "communication": 20000.0},
+        3: {"computation": np.float64(40.0), "communication": 150.0},  # NumPy values too
+        4: {"computation": 1.0, "communication": 1.0},
+    }
+    traces = {
+        "dev-a": {"duration": 1, "active": [0], "inactive": [1], "finish_time": 9, "model": "x"},
+        "dev-b": {"active": [10, 50], "inactive": [20, 70], "finish_time": 100, "model": "y"},
+        "dev-c": {"active": [0], "inactive": [10], "finish_time": 40, "model": "z"},
+        # unsorted, one of no length, one up to the end (the next starts at 0)
+        "dev-d": {"active": [90, 30, 0], "inactive": [100, 30, 5], "finish_time": 100},
+    }
+    paths = tmp_path / "client_device_capacity", tmp_path / "client_behave_trace"
+    for path, data in zip(paths, (capacities, traces), strict=True):
+        path.write_bytes(pickle.dumps(data))
+    return *paths, traces
+
+
+def _fedscale_online(trace: dict, t: float) -> bool:
+    """FedScale's meaning of a trace: online in some [active, inactive] of the cycle."""
+    cycle = t % trace["finish_time"]
+    return any(a <= cycle <= b for a, b in zip(trace["active"], trace["inactive"], strict=True))
+
+
+def test_fedscale_traces_become_tables_a_run_reads(tmp_path, capsys):
+    device_pickle, behave_pickle, traces = _fedscale_traces(tmp_path)
+    out = tmp_path / "tables"
+    assert main(["convert-fedscale", str(device_pickle), str(behave_pickle), "--out", str(out),
+                 "--users", "3"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "for 3 users" in printed and "1 users' traces repeat sooner" in printed
+    settings = yaml.safe_load(printed.split("run them with:\n")[1])
+    assert settings["availability.period"] == 100
+    cfg = from_mapping({**settings, "fraction": 1.0})  # checked as a run checks them
+    devices = DEVICES.load(cfg.devices)(cfg)
+    # user u is FedScale's client u + 1: capacity key u + 1, a training sample 3 inferences
+    for user, (compute, kbps) in enumerate([(10.0, 800.0), (2.5, 20000.0), (40.0, 150.0)]):
+        assert devices.device(user) == Device(3 * compute, kbps, kbps)
+        # FedScale's get_completion_time, its kbit as 1000 bits: 3 * B * steps * ms / 1000
+        # + (upload + download kbit) / bandwidth
+        model_kbit, batch, steps = 400.0, 20, 5
+        fedscale = 3 * batch * steps * compute / 1000 + 2 * model_kbit / kbps
+        ours = task_seconds(devices.device(user), model_kbit * 125, model_kbit * 125, batch * steps)
+        assert ours == pytest.approx(fedscale)
+    online = AVAILABILITY.load(cfg.availability)(cfg)
+    keys = list(traces)
+    times = np.arange(0, 100) + 0.5
+    for user in range(3):
+        trace = traces[keys[(user + 1) % len(keys)]]  # FedScale's client manager's pick
+        ours = online.online_array(np.full(len(times), user), times)
+        assert ours.tolist() == [_fedscale_online(trace, t) for t in times], user
+        later = online.online_array(np.full(len(times), user), times + 300)
+        assert (later == ours).all()  # the table's period: 100 s for every user
+    assert online.online_until(2, 95.0) == 105.0  # [90, 100) runs into [0, 5)
+
+
+def test_fedscale_traces_that_cannot_be_converted_exit_2(tmp_path, capsys):
+    device_pickle, behave_pickle, _ = _fedscale_traces(tmp_path)
+    convert = ["convert-fedscale", str(device_pickle), str(behave_pickle), "--out", str(tmp_path)]
+    assert main([*convert, "--users", "4"]) == 2  # client 4 takes key 0, which is missing
+    assert "has no entry 0 for client 4" in capsys.readouterr().err
+    (tmp_path / "evil").write_bytes(pickle.dumps({1: os.getcwd}))
+    assert main(["convert-fedscale", str(tmp_path / "evil"), *convert[2:]]) == 2
+    assert "posix.getcwd is not plain trace data" in capsys.readouterr().err

@@ -12,6 +12,7 @@ start; each pattern repeats every `availability.period` seconds (a day by defaul
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -136,18 +137,18 @@ class Diurnal(Availability):
             )
         return np.mod(t - self._starts[users], self.period)
 
-    def online_array(self, users, t):
+    def online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         return self._phase(users, t) < self.length
 
-    def online_until_array(self, users, t):
+    def online_until_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         if self.length >= self.period:
             return np.full(users.shape, math.inf)
         phase = self._phase(users, t)
         return np.where(phase < self.length, t + (self.length - phase), t)
 
-    def next_online_array(self, users, t):
+    def next_online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         phase = self._phase(users, t)
         return np.where(phase < self.length, t, t + (self.period - phase))
@@ -162,49 +163,17 @@ class TableAvailability(Availability):
 
     @classmethod
     def validate(cls, hparams: AvailabilityHParams) -> None:
-        cls._read(hparams)
+        cls._intervals(hparams)
 
     @staticmethod
-    def _read(hparams: AvailabilityHParams) -> tuple[np.ndarray, ...]:
-        """(offsets [n_users + 1], starts, ends) of every user's merged intervals."""
-        path, period = hparams.section["file"], hparams.section["period"]
-        key = "availability.file"
-        frame = tables.read(key, path, COLUMNS).sort_values(["user", "start"], kind="stable")
-        users, starts, ends = (frame[c].to_numpy() for c in COLUMNS)
-        tables.check_users(key, path, users, hparams.n_users, once=False)
-        bad = (starts < 0) | (ends <= starts) | (ends > period)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ConfigError(
-                f"{key} = {path!r}: user {users[i]} has the interval [{starts[i]:g}, "
-                f"{ends[i]:g}); an interval needs 0 <= start < end <= availability.period "
-                f"= {period:g}"
-            )
-        same = users[1:] == users[:-1]
-        overlap = same & (starts[1:] < ends[:-1])
-        if overlap.any():
-            i = int(np.flatnonzero(overlap)[0])
-            raise ConfigError(
-                f"{key} = {path!r}: user {users[i]}'s intervals [{starts[i]:g}, {ends[i]:g}) "
-                f"and [{starts[i + 1]:g}, {ends[i + 1]:g}) overlap"
-            )
-        first = np.concatenate([[True], ~(same & (starts[1:] == ends[:-1]))])
-        last = np.concatenate([first[1:], [True]])
-        users, starts, ends = users[first], starts[first], ends[last]
-        offsets = np.searchsorted(users, np.arange(hparams.n_users + 1))
-        return offsets, starts, ends
+    def _intervals(hparams: AvailabilityHParams) -> Intervals:
+        mine = hparams.section
+        return _intervals(tables.stamp(KEY, mine["file"]), hparams.n_users, mine["period"])
 
     def __init__(self, hparams: AvailabilityHParams | RunConfig) -> None:
         super().__init__(hparams)
         self.period = self.section["period"]
-        self.offsets, self.starts, self.ends = self._read(self.hparams)
-        # Where each interval really ends: a user's last interval reaching the period's
-        # end goes on into its first one (for good, if that is the whole period).
-        self.until = self.ends.copy()
-        head, tail = self.offsets[:-1], self.offsets[1:] - 1
-        wraps = (self.starts[head] == 0) & (self.ends[tail] == self.period)
-        self.until[tail[wraps]] = self.period + self.ends[head[wraps]]
-        self.until[tail[wraps & (head == tail)]] = math.inf
+        self.offsets, self.starts, self.ends, self.until = self._intervals(self.hparams)
 
     def _where(self, users: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, ...]:
         """For each user: the start of the period holding `t`, the index of the user's
@@ -221,16 +190,16 @@ class TableAvailability(Availability):
         on = (low > self.offsets[users]) & (phase < self.ends[np.maximum(low - 1, 0)])
         return t - phase, low, on
 
-    def online_array(self, users, t):
+    def online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         return self._where(users, t)[2]
 
-    def online_until_array(self, users, t):
+    def online_until_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         base, following, on = self._where(users, t)
         return np.where(on, base + self.until[np.maximum(following - 1, 0)], t)
 
-    def next_online_array(self, users, t):
+    def next_online_array(self, users: np.ndarray, t: float | np.ndarray) -> np.ndarray:
         users, t = _arrays(users, t)
         base, following, on = self._where(users, t)
         later = following < self.offsets[users + 1]
@@ -240,3 +209,50 @@ class TableAvailability(Availability):
             base + self.period + self.starts[self.offsets[users]],
         )
         return np.where(on, t, start)
+
+
+KEY = "availability.file"
+Intervals = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@functools.lru_cache(maxsize=2)
+def _intervals(stamp: tables.Stamp, n_users: int, period: float) -> Intervals:
+    """An availability table's intervals, checked, touching ones joined, user after
+    user in order of start: (offsets [n_users + 1] of each user's run of them, their
+    starts, their ends, and where each really ends: a user's last interval reaching
+    the period's end goes on into its first, for good if that is the whole period)."""
+    path = stamp[0]
+    columns = tables.read(KEY, path, COLUMNS)
+    users, starts, ends = (columns[c] for c in COLUMNS)
+    if not (
+        (np.diff(users) >= 0).all() and (np.diff(starts)[users[1:] == users[:-1]] >= 0).all()
+    ):  # a converted table comes sorted: sorting 10^6 users' rows takes seconds
+        order = np.lexsort((starts, users))
+        users, starts, ends = users[order], starts[order], ends[order]
+    tables.check_users(KEY, path, users, n_users, once=False)
+    bad = (starts < 0) | (ends <= starts) | (ends > period)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ConfigError(
+            f"{KEY} = {path!r}: user {users[i]} has the interval [{starts[i]:g}, "
+            f"{ends[i]:g}); an interval needs 0 <= start < end <= availability.period "
+            f"= {period:g}"
+        )
+    same = users[1:] == users[:-1]
+    overlap = same & (starts[1:] < ends[:-1])
+    if overlap.any():
+        i = int(np.flatnonzero(overlap)[0])
+        raise ConfigError(
+            f"{KEY} = {path!r}: user {users[i]}'s intervals [{starts[i]:g}, {ends[i]:g}) "
+            f"and [{starts[i + 1]:g}, {ends[i + 1]:g}) overlap"
+        )
+    first = np.concatenate([[True], ~(same & (starts[1:] == ends[:-1]))])
+    last = np.concatenate([first[1:], [True]])
+    users, starts, ends = users[first], starts[first], ends[last]
+    offsets = np.searchsorted(users, np.arange(n_users + 1))
+    until = ends.copy()
+    head, tail = offsets[:-1], offsets[1:] - 1
+    wraps = (starts[head] == 0) & (ends[tail] == period)
+    until[tail[wraps]] = period + ends[head[wraps]]
+    until[tail[wraps & (head == tail)]] = math.inf
+    return offsets, starts, ends, until

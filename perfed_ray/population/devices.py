@@ -20,6 +20,7 @@ AI Benchmark and MobiPerf trace).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -154,12 +155,15 @@ class Devices:
 
 class EqualDevices(Devices):
     """`devices: equal`: every user's device computes at `compute_ms` and communicates
-    at `bandwidth_kbps` both ways."""
+    at `bandwidth_kbps` both ways. Made for the users asked about, never for everyone:
+    the default costs no memory in the population."""
 
     def everyone(self) -> DeviceArray:
-        n = self.hparams.n_users
-        bandwidth = np.full(n, self.section["bandwidth_kbps"])
-        return DeviceArray(np.full(n, self.section["compute_ms"]), bandwidth, bandwidth)
+        return self.device_array(np.arange(self.hparams.n_users))
+
+    def device_array(self, users: np.ndarray) -> DeviceArray:
+        bandwidth = np.full(len(users), self.section["bandwidth_kbps"])
+        return DeviceArray(np.full(len(users), self.section["compute_ms"]), bandwidth, bandwidth)
 
 
 class LognormalDevices(Devices):
@@ -188,24 +192,26 @@ class TableDevices(Devices):
 
     @classmethod
     def validate(cls, hparams: DevicesHParams) -> None:
-        cls._read(hparams)
-
-    @staticmethod
-    def _read(hparams: DevicesHParams) -> DeviceArray:
-        path = hparams.section["file"]
-        frame = tables.read("devices.file", path, COLUMNS)
-        users = frame["user"].to_numpy()
-        tables.check_users("devices.file", path, users, hparams.n_users, once=True)
-        for column in COLUMNS[1:]:
-            values = frame[column].to_numpy()
-            if (values <= 0).any():
-                row = int(np.flatnonzero(values <= 0)[0])
-                raise ConfigError(
-                    f"devices.file = {path!r}: user {int(users[row])} has {column} = "
-                    f"{values[row]:g}; every speed must be positive"
-                )
-        order = np.argsort(users)
-        return DeviceArray(*(frame[c].to_numpy()[order] for c in COLUMNS[1:]))
+        _table(tables.stamp("devices.file", hparams.section["file"]), hparams.n_users)
 
     def everyone(self) -> DeviceArray:
-        return self._read(self.hparams)
+        return _table(tables.stamp("devices.file", self.section["file"]), self.hparams.n_users)
+
+
+@functools.lru_cache(maxsize=2)
+def _table(stamp: tables.Stamp, n_users: int) -> DeviceArray:
+    """A devices table's rows as every user's device, in user order, checked."""
+    path = stamp[0]
+    columns = tables.read("devices.file", path, COLUMNS)
+    users = columns["user"]
+    tables.check_users("devices.file", path, users, n_users, once=True)
+    for column in COLUMNS[1:]:
+        values = columns[column]
+        if (values <= 0).any():
+            row = int(np.flatnonzero(values <= 0)[0])
+            raise ConfigError(
+                f"devices.file = {path!r}: user {int(users[row])} has {column} = "
+                f"{values[row]:g}; every speed must be positive"
+            )
+    order = np.argsort(users, kind="stable")
+    return DeviceArray(*(columns[c][order] for c in COLUMNS[1:]))

@@ -2,15 +2,14 @@
 a `user` column, checked whole when the configuration is read, so a bad table stops a
 run with one line before Ray starts.
 
-Tables are read on the driver, relative to the directory the run starts in. A table is
-kept once read (by its path, size and modification time), since a configuration is
-validated several times in a run's life and a million-user table takes a fraction of a
-second to read.
+Tables are read on the driver, relative to the directory the run starts in. What a model
+makes of a table is kept by the file's :func:`stamp` (its path, size and modification
+time), since a configuration is validated several times in a run's life and a
+million-user table takes seconds to read and check.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,10 +21,13 @@ from perfed_ray.errors import ConfigError
 SUFFIXES = (".parquet", ".pq", ".csv")
 
 
-def read(key: str, path: str, columns: Sequence[str]) -> pd.DataFrame:
-    """The table `key` names (``devices.file``) with `columns`, `user` first as int64
-    and the others as float64, every value finite; ConfigError naming the key, the file
-    and what is wrong otherwise."""
+Stamp = tuple[str, int, int]  # a file's absolute path, size and modification time
+
+
+def stamp(key: str, path: str) -> Stamp:
+    """What identifies the file `key` names (``devices.file``) as it is now: what a
+    table made from it is kept under. ConfigError if it is not set, of an unknown
+    format or missing."""
     if not path:
         raise ConfigError(f"{key} is not set: name a Parquet or CSV file")
     file = Path(path)
@@ -35,11 +37,13 @@ def read(key: str, path: str, columns: Sequence[str]) -> pd.DataFrame:
         stat = file.stat()
     except OSError:
         raise ConfigError(f"{key} = {path!r}: no such file") from None
-    return _read(key, str(file.resolve()), stat.st_size, stat.st_mtime_ns, tuple(columns)).copy()
+    return str(file.resolve()), stat.st_size, stat.st_mtime_ns
 
 
-@functools.lru_cache(maxsize=4)
-def _read(key: str, path: str, size: int, mtime: int, columns: tuple[str, ...]) -> pd.DataFrame:
+def read(key: str, path: str, columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """The table at `path` (named by `key`), its `columns` as arrays, `user` first as
+    int64 and the others as float64, every value finite; ConfigError naming the key, the
+    file and what is wrong otherwise."""
     try:
         frame = pd.read_csv(path) if path.lower().endswith(".csv") else pd.read_parquet(path)
     except Exception as err:
@@ -53,7 +57,6 @@ def _read(key: str, path: str, size: int, mtime: int, columns: tuple[str, ...]) 
             f"{key} = {path!r} has no column {', '.join(missing)}: it needs columns "
             f"{', '.join(columns)}"
         )
-    frame = frame[list(columns)]
     if frame.empty:
         raise ConfigError(f"{key} = {path!r} has no rows")
     out = {}
@@ -69,7 +72,7 @@ def _read(key: str, path: str, size: int, mtime: int, columns: tuple[str, ...]) 
                 f"{key} = {path!r}, row {row}: {column} = {frame[column].iloc[row]!r} is not {kind}"
             )
         out[column] = values.astype(np.int64) if column == "user" else values
-    return pd.DataFrame(out)
+    return out
 
 
 def check_users(key: str, path: str, users: np.ndarray, n_users: int, once: bool) -> None:
