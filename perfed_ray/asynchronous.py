@@ -35,6 +35,7 @@ to), so the first draw of each step is a synchronous round's, the next ones from
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
@@ -44,7 +45,7 @@ from perfed_ray.config import RunConfig
 from perfed_ray.errors import ConfigError
 from perfed_ray.seeding import Stream, numpy_rng
 from perfed_ray.settings import Setting
-from perfed_ray.strategy import ServerState, Step, Strategy, draw_online
+from perfed_ray.strategy import ServerState, Step, Strategy, StrategyHParams, draw_online
 
 STALENESS = ("constant", "polynomial", "hinge")
 
@@ -93,7 +94,9 @@ class Asynchronous(Strategy):
     settings: ClassVar[dict[str, Setting]] = SETTINGS
     rebase: ClassVar[bool] = True
 
-    def __init__(self, hparams, sizes: np.ndarray | None = None) -> None:
+    def __init__(
+        self, hparams: StrategyHParams | RunConfig, sizes: np.ndarray | None = None
+    ) -> None:
         super().__init__(hparams, sizes)
         mine = self.hparams.section
         self.concurrency = mine["concurrency"] or self.hparams.users_per_round
@@ -135,6 +138,7 @@ class Asynchronous(Strategy):
             )
 
     def weight_of(self, staleness: int) -> float:
+        """s(staleness), as the strategy's settings shape it."""
         mine = self.hparams.section
         return staleness_weight(
             mine["staleness"],
@@ -272,7 +276,15 @@ class FedBuff(Asynchronous):
                 f"than are ever in flight"
             )
 
-    def server_step(self, step, state, total, weight, rebased, stats=None) -> ServerState:
+    def server_step(
+        self,
+        step: Step,
+        state: ServerState,
+        total: np.ndarray,
+        weight: float,
+        rebased: float,
+        stats: Mapping[str, float] | None = None,
+    ) -> ServerState:
         """The weighted mean of the rebased models: the current one plus the buffer's
         weighted mean update (`rebased` weighs the updates the sum holds as updates)."""
         current = state.weights.astype(np.float64)
@@ -289,7 +301,15 @@ class FedAsync(Asynchronous):
     }
     rebase: ClassVar[bool] = False
 
-    def server_step(self, step, state, total, weight, rebased, stats=None) -> ServerState:
+    def server_step(
+        self,
+        step: Step,
+        state: ServerState,
+        total: np.ndarray,
+        weight: float,
+        rebased: float,
+        stats: Mapping[str, float] | None = None,
+    ) -> ServerState:
         """The mixed model as the aggregate the method's server rule and the server
         optimiser take (the plain mean's step lands on it)."""
         [(_, factor)] = step.summed

@@ -145,6 +145,16 @@ def test_fedbuff_aggregates_k_arrivals_in_time_order_weighted_by_staleness(tmp_p
     assert max(t.row()["staleness"] for t in done) > 0  # fast users lap slow ones
 
 
+def test_updates_staler_than_max_staleness_are_thrown_away(tmp_path):
+    values = {"fedbuff.concurrency": 3, "fedbuff.buffer_size": 1, "fedbuff.max_staleness": 0}
+    _, strategy, timing, schedule = _clock(tmp_path, strategy="fedbuff", **values)
+    steps = [strategy.next_step(r, schedule, timing) for r in range(1, 7)]
+    late = [t for step in steps for t in step.resolved if t.outcome == "late"]
+    assert late and all(t.round is None for t in late)
+    assert sorted(t.id for t in late) == sorted(i for step in steps for i in step.discard)
+    assert {s for step in steps for _, s in step.summed} == {1.0}  # all fresh
+
+
 def test_staleness_functions():
     assert staleness_weight("constant", 7, 0.5, 10, 4) == 1.0
     assert staleness_weight("polynomial", 3, 0.5, 10, 4) == 0.5
