@@ -25,9 +25,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from table1 import Cell, plan, run_cells_in_process
+from table1 import Cell, grid_options, run_grid
 
-from perfed_ray.analysis import read_runs
 from perfed_ray.report.privacy import write_privacy
 
 HERE = Path(__file__).resolve().parent
@@ -93,27 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budgets", nargs="+", default=BUDGETS, help="epsilons, clip (z = 0) or none"
     )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell"
-    )
-    parser.add_argument("--dry-run", action="store_true", help="list what would run")
-    parser.add_argument("--report-only", action="store_true", help="the report alone")
-    parser.add_argument("--smoke", action="store_true", help="one seed of a tiny setting")
+    grid_options(parser)
     args = parser.parse_args(argv)
     extra = (*(SMOKE if args.smoke else ()), *args.set)
     seeds = 1 if args.smoke else args.seeds
     budgets = SMOKE_BUDGETS if args.smoke else args.budgets
-    if not args.report_only:
-        cells = grid(args.config, seeds, args.methods, budgets, extra)
-        todo = plan(cells, read_runs(args.out))
-        if args.dry_run:
-            return 0
-        failures = run_cells_in_process(todo, args.out)
-        if failures:
-            print(f"{failures} cells exited with an error (see {args.out}/logs)")
-    for path in write_privacy(args.out):
-        print(f"wrote {path}")
-    return 0
+    return run_grid(
+        args, lambda: grid(args.config, seeds, args.methods, budgets, extra), write_privacy
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import argparse
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -293,6 +293,36 @@ def run_cells_in_process(cells: list[Cell], out: Path, jobs: int = 1) -> int:
         failures += code != 0
         print(f"end   [{i + 1}/{len(cells)}] exit {code}: {cell.name()}", flush=True)
     return failures
+
+
+def grid_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every grid script that runs its cells in process and then writes
+    its report (privacy_utility.py, async_time_to_accuracy.py)."""
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list what would run")
+    parser.add_argument("--report-only", action="store_true", help="the report alone")
+    parser.add_argument("--smoke", action="store_true", help="one seed of a tiny setting")
+
+
+def run_grid(
+    args: argparse.Namespace,
+    cells: Callable[[], list[Cell]],
+    report: Callable[[Path], list[Path]],
+) -> int:
+    """Such a script's body, after :func:`grid_options`: plan its cells (and stop there
+    with --dry-run), run those to run in this process, then write its report."""
+    if not args.report_only:
+        todo = plan(cells(), read_runs(args.out))
+        if args.dry_run:
+            return 0
+        failures = run_cells_in_process(todo, args.out)
+        if failures:
+            print(f"{failures} cells exited with an error (see {args.out}/logs)")
+    for path in report(args.out):
+        print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS
+from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS, TASKS
 from perfed_ray.results.reader import read_runs, read_table
 
 # read_table and read_runs are the results package's; a notebook's analysis starts here.
@@ -51,7 +51,12 @@ def mean_ci95(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(half)
 
 
-OUTCOME = {ROUNDS: ["round"], EVALS: ["round", "user", "draw"], EVENTS: ["round", "kind"]}
+OUTCOME = {
+    ROUNDS: ["round"],
+    EVALS: ["round", "user", "draw"],
+    EVENTS: ["round", "kind"],
+    TASKS: ["task"],
+}
 # How long it took, how the weights travelled (a span of rounds sends them once, and
 # where spans end follows the time rounds take) and the run's name: not results.
 MEASURED = [
@@ -234,6 +239,7 @@ def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
                 "ci95": half,
                 "draws": len(per_draw),
                 "acc_before": frame["acc_before"].mean(),
+                "sim_time": frame["sim_time"].max() if "sim_time" in frame else np.nan,
                 **{
                     f"acc_group_{g}": v
                     for g, v in frame.groupby("group")["acc_after"].mean().items()
@@ -243,12 +249,31 @@ def final_accuracy(evals: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def time_to_accuracy(evals: pd.DataFrame, target: float) -> pd.Series:
+    """Per run: the simulated seconds (`sim_time`) of the first evaluation whose mean
+    personalised accuracy over users and draws reaches `target` (NaN: never, or results
+    written before the simulated clock), for time-to-accuracy comparisons of servers
+    whose steps take different simulated times (synchronous rounds, FedBuff)."""
+    if "sim_time" not in evals:
+        return pd.Series(dtype=float)
+    curve = evals.groupby(["run_id", "round"], observed=True).agg(
+        accuracy=("acc_after", "mean"), sim_time=("sim_time", "first")
+    )
+    reached = curve[curve["accuracy"] >= target].reset_index()
+    return reached.groupby("run_id", observed=True)["sim_time"].min()
+
+
+# Accuracies whose simulated time to reach the summary shows.
+TARGETS = (0.8, 0.9)
+
 # Keys whose non-default values mark a variant of the protocol, shown beside each run.
 VARIANT_KEYS = ["input_scale", "hf_delta", "adapt_on"]
 
 
 def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
-    """One row per run (or for one run): configuration, status, wall time, final accuracy."""
+    """One row per run (or for one run): configuration, status, wall time, final
+    accuracy, the simulated seconds the run covered and those it took to reach each of
+    TARGETS (`time_to_80` ...)."""
     runs = read_runs(out, run_id)
     if runs.empty:
         return runs
@@ -278,10 +303,13 @@ def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
         acc = final_accuracy(evals)
         if not acc.empty:
             table = table.merge(
-                acc[["run_id", "round", "accuracy", "ci95", "draws", "acc_before"]],
+                acc[["run_id", "round", "accuracy", "ci95", "draws", "acc_before", "sim_time"]],
                 on="run_id",
                 how="left",
             )
+            for target in TARGETS:
+                reached = time_to_accuracy(evals, target).rename(f"time_to_{100 * target:.0f}")
+                table = table.merge(reached, left_on="run_id", right_index=True, how="left")
     return table.sort_values("run_id").reset_index(drop=True)
 
 

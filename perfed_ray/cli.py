@@ -1,5 +1,5 @@
 """`perfed-ray`: run simulations and sweeps of them, summarise and report results, list
-configuration keys.
+configuration keys, convert FedScale's device traces.
 
 Exit status: 0 success; 2 bad input (configuration, sweep file, data, output folder,
 resume folder), reported in one line before Ray starts; 1 a run that failed or
@@ -229,6 +229,24 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert_fedscale(args: argparse.Namespace) -> int:
+    import yaml
+
+    from perfed_ray.population.fedscale import convert
+
+    factor = {} if args.train_factor is None else {"train_factor": args.train_factor}
+    done = convert(args.devices, args.behaviour, args.out, args.users, **factor)
+    print(f"wrote {done.devices} and {done.availability} for {done.users} users")
+    if done.shorter:
+        print(
+            f"{done.shorter} users' traces repeat sooner than the period of "
+            f"{done.period:g} s: theirs are repeated within it"
+        )
+    print("run them with:")
+    print(yaml.safe_dump(done.settings(), sort_keys=False).rstrip())
+    return 0
+
+
 def _pairs(command: argparse.ArgumentParser, flag: str, help: str) -> None:
     """A repeatable KEY=VALUE option."""
     command.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)
@@ -328,6 +346,24 @@ def parser() -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="as the Markdown table of the docs' reference"
     )
     keys.set_defaults(func=cmd_keys)
+    fedscale = sub.add_parser(
+        "convert-fedscale",
+        help="FedScale's pickled device traces as devices and availability tables "
+        "(docs/guide/simulated-time.md)",
+    )
+    fedscale.add_argument("devices", help="FedScale's client_device_capacity pickle")
+    fedscale.add_argument("behaviour", help="FedScale's client_behave_trace pickle")
+    fedscale.add_argument("--out", required=True, help="folder for the two Parquet tables")
+    fedscale.add_argument(
+        "--users", type=int, help="users 0..N-1, FedScale's clients 1..N (default: one a trace)"
+    )
+    fedscale.add_argument(
+        "--train-factor",
+        type=float,
+        help="a training sample's time in inference times (default: FedScale's 3, forward "
+        "and backward)",
+    )
+    fedscale.set_defaults(func=cmd_convert_fedscale)
     return top
 
 

@@ -8,7 +8,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from perfed_ray.analysis import VARIANT_KEYS
+from perfed_ray.analysis import TARGETS, VARIANT_KEYS
 from perfed_ray.config import FIELDS
 from perfed_ray.markdown import table as markdown_table
 
@@ -79,6 +79,13 @@ def duration(seconds: float) -> str:
     )
 
 
+def _simulated(seconds: float) -> str:
+    """Simulated seconds as `duration` shows them, or `4.2s` under a minute."""
+    if pd.isna(seconds):
+        return "-"
+    return duration(seconds) if seconds >= 60 else f"{seconds:.1f}s"
+
+
 def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
     """The summary as aligned text (terminal) or a Markdown table, accuracies in %."""
     shown = pd.DataFrame(
@@ -116,6 +123,12 @@ def format_summary(table: pd.DataFrame, markdown: bool = False) -> str:
         shown["acc before adapt."] = [
             "-" if pd.isna(a) else f"{100 * a:.2f}" for a in table["acc_before"]
         ]
+    if "sim_time" in table and table["sim_time"].notna().any():
+        # the simulated clock: the time the run covered, and to reach each target accuracy
+        shown["sim. time"] = [_simulated(t) for t in table["sim_time"]]
+        for target in TARGETS:
+            column = f"time_to_{100 * target:.0f}"
+            shown[f"to {100 * target:.0f}%"] = [_simulated(t) for t in table[column]]
     cells = [[str(c) for c in shown.columns], *shown.astype(str).to_numpy().tolist()]
     if markdown:
         return markdown_table(cells[0], cells[1:])

@@ -34,7 +34,7 @@ import signal
 ENV = "PERFED_FAULT"
 
 # The driver's points while an actor method's calls are in flight (the pool's gather).
-IN_FLIGHT = {"train": "driver-round", "train_rounds": "driver-round", "evaluate": "driver-eval"}
+IN_FLIGHT = {"work": "driver-round", "evaluate": "driver-eval"}
 
 
 @functools.lru_cache(maxsize=8)

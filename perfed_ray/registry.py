@@ -1,5 +1,6 @@
 """One registry per concept: algorithms, models, data sets, partitioners, engines, strategies,
-client and server optimisers, privacy mechanisms, trackers.
+client and server optimisers, privacy mechanisms, users' devices and availability,
+trackers.
 
 A configuration names a component by a registered name (``perfedavg-hf``), by a
 dotted path to a user's own (``mypkg.methods:Reptile``), or by a name another
@@ -259,6 +260,8 @@ STRATEGIES = Registry(
     "strategy",
     {
         "uniform": "perfed_ray.strategy:Strategy",
+        "fedbuff": "perfed_ray.asynchronous:FedBuff",
+        "fedasync": "perfed_ray.asynchronous:FedAsync",
     },
     group="perfed_ray.strategies",
     base="perfed_ray.strategy:Strategy",
@@ -319,6 +322,34 @@ TRACKERS = Registry(
     guide="docs/guide/tracking.md",
 )
 
+DEVICES = Registry(
+    "device model",
+    "devices",
+    {
+        "equal": "perfed_ray.population.devices:EqualDevices",
+        "lognormal": "perfed_ray.population.devices:LognormalDevices",
+        "table": "perfed_ray.population.devices:TableDevices",
+    },
+    group="perfed_ray.devices",
+    base="perfed_ray.population.devices:Devices",
+    guide="docs/guide/simulated-time.md",
+    section="devices",
+)
+
+AVAILABILITY = Registry(
+    "availability model",
+    "availability",
+    {
+        "always": "perfed_ray.population.availability:Availability",
+        "diurnal": "perfed_ray.population.availability:Diurnal",
+        "table": "perfed_ray.population.availability:TableAvailability",
+    },
+    group="perfed_ray.availability",
+    base="perfed_ray.population.availability:Availability",
+    guide="docs/guide/simulated-time.md",
+    section="availability",
+)
+
 REGISTRIES = {
     r.key: r
     for r in (
@@ -332,9 +363,19 @@ REGISTRIES = {
         SERVER_OPTIMIZERS,
         PRIVACY,
         TRACKERS,
+        DEVICES,
+        AVAILABILITY,
     )
 }
 # Configuration keys whose components declare settings, each in a section of its own
 # name (`fedrep: {head_epochs: 10}`) or of its registry's (`privacy.epsilon`): see
 # perfed_ray.config.settings.
-SECTIONED = ("algorithm", "client_optimizer", "server_optimizer", "privacy")
+SECTIONED = (
+    "algorithm",
+    "client_optimizer",
+    "server_optimizer",
+    "privacy",
+    "devices",
+    "availability",
+    "strategy",
+)

@@ -15,9 +15,12 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Stream(enum.IntEnum):
@@ -38,6 +41,9 @@ class Stream(enum.IntEnum):
     DROPOUT = 12
     CENTRAL_NOISE = 13
     LOCAL_NOISE = 14
+    DEVICES = 15
+    AVAILABILITY = 16
+    TASK_SAMPLING = 17  # an asynchronous server's draws of users after a version's first
 
 
 # The purpose word of every plug-in stream: above any built-in purpose (they count up
@@ -143,5 +149,9 @@ def numpy_rng(seed: int, stream: Purpose, *keys: int) -> np.random.Generator:
 
 
 def torch_generator(seed: int, stream: Purpose, *keys: int) -> torch.Generator:
-    """A CPU torch generator for a user's draws (batches) in one round or evaluation."""
+    """A CPU torch generator for a user's draws (batches) in one round or evaluation.
+    torch is imported here, not with the module: the population's keyed draws
+    (perfed_ray.population) and the configuration's checks need NumPy alone."""
+    import torch
+
     return torch.Generator().manual_seed(stream_seed(seed, stream, *keys))

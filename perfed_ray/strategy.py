@@ -24,7 +24,8 @@ resumed or replayed round samples the same users.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -33,8 +34,10 @@ import torch
 
 from perfed_ray.algorithms.base import Algorithm, make_algorithm
 from perfed_ray.algorithms.tree import Params
+from perfed_ray.clock import Schedule, Task, Timing
 from perfed_ray.config import RunConfig
 from perfed_ray.config.owners import HParams
+from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams
 from perfed_ray.optimizers.server import ServerOptimizer
 from perfed_ray.postprocess import UserPostprocessor
@@ -56,10 +59,25 @@ class ServerState:
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
-def sample_users(seed: int, round_: int, n_users: int, m: int) -> list[int]:
-    """A_k: m users drawn uniformly without replacement, from round k's own stream."""
-    rng = numpy_rng(seed, Stream.USER_SAMPLING, round_)
-    return sorted(int(u) for u in rng.choice(n_users, size=m, replace=False))
+def draw_online(
+    rng: np.random.Generator, candidates: np.ndarray, m: int, online: Callable[[int], bool]
+) -> list[int]:
+    """m of the `candidates` that are online, uniformly without replacement: m drawn,
+    those offline put back out of reach and the missing ones drawn from the rest, until
+    m are online or none is left. Online users are exchangeable in it, so the result is
+    uniform among them, and it asks about as few users as it draws: where everyone is
+    online it is one ``choice`` of m (the draw Algorithm 1's rounds always made),
+    whatever the population. Sorted."""
+    chosen: list[int] = []
+    left = candidates
+    while len(chosen) < m and len(left):
+        picked = rng.choice(left, size=min(m - len(chosen), len(left)), replace=False)
+        found = [int(u) for u in picked if online(int(u))]
+        chosen += found
+        if len(found) == len(picked):
+            break
+        left = np.setdiff1d(left, picked, assume_unique=True)
+    return sorted(chosen)
 
 
 @dataclass(frozen=True)
@@ -72,16 +90,36 @@ class Participation:
 
 
 @dataclass(frozen=True)
-class RoundPlan:
-    """Round k's users: those `sampled`, who of them report (the only ones the sum
-    counts), drop out or come too late, and those who train (the reporting ones, or
-    every user that is not unseen with `trained_users: all`)."""
+class Step:
+    """What one server step (a row of `rounds`) runs, as its strategy decided it: the
+    `trained` users' local work from the current model (their tasks' ids `tasks`),
+    then either the `reporting` ones among them summed at once (a synchronous round)
+    or, with `reporting` None, the trained updates held on the actors until a step
+    sums them; `summed`, the held tasks (id, staleness factor) this step aggregates,
+    as they are (`rebase` False) or moved onto the current model (their update added
+    to it: FedBuff's); `discard`, held ones thrown away. `time` is the simulated
+    second the step's model is made; `resolved`, the tasks that ended (the tasks
+    table's rows); `events`, (kind, users) rows of `events`; `metrics`, the
+    strategy's own columns of the row."""
 
-    sampled: list[int]
-    reporting: list[int]
-    dropped: list[int]
-    late: list[int]
+    round: int
+    users: list[int]
     trained: list[int]
+    reporting: list[int] | None
+    tasks: list[int]
+    summed: list[tuple[int, float]]
+    discard: list[int]
+    rebase: bool
+    time: float
+    dispatched: int
+    resolved: list[Task]
+    events: list[tuple[str, list[int]]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reported(self) -> int:
+        """How many users' updates the step aggregates."""
+        return len(self.summed) if self.reporting is None else len(self.reporting)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +142,7 @@ class StrategyHParams(HParams):
     sample_final_eval: bool
     dropout: float
     stragglers: float
+    overcommit: float
     users_per_round: int
     unseen_count: int
     users_per_evaluation: int
@@ -146,6 +185,10 @@ class Strategy:
 
     # What the strategy reads of a run; a strategy that reads more subclasses it.
     HParams: ClassVar[type[StrategyHParams]] = StrategyHParams
+    # Whether its steps aggregate updates of tasks started from older models (so that
+    # the actors hold updates between calls, and privacy's one-cohort-a-step
+    # accounting does not apply).
+    asynchronous: ClassVar[bool] = False
 
     def __init__(
         self, hparams: StrategyHParams | RunConfig, sizes: np.ndarray | None = None
@@ -160,29 +203,108 @@ class Strategy:
         self._unseen = self._draw_unseen()
         self._seen = np.setdiff1d(np.arange(self.hparams.n_users), self._unseen)
 
-    def plan(self, round_: int) -> RoundPlan:
-        """Round k's users: sampled, then who of them report, then who trains."""
-        users = self.sample(round_)
-        who = self.participation(round_, users)
-        trained = self.trained(round_, who.reporting)
-        return RoundPlan(users, who.reporting, who.dropped, who.late, trained)
-
-    def sample(self, round_: int) -> list[int]:
-        """The users round k aggregates: never an unseen one."""
+    @property
+    def drawn(self) -> int:
+        """Users a round draws: ceil(overcommit * m), over-committed (FedScale's)."""
         hp = self.hparams
-        if hp.sampling == "uniform" and not hp.unseen_count:
-            return sample_users(hp.seed, round_, hp.n_users, hp.users_per_round)
+        return math.ceil(hp.overcommit * hp.users_per_round - 1e-9)
+
+    def sample(self, round_: int, online: Callable[[int], bool] | None = None) -> list[int]:
+        """The users round k aggregates: never an unseen one, only `online` ones (all
+        users by default), ceil(overcommit * m) of them (m unless over-committed)."""
+        hp = self.hparams
+        online = online or (lambda _: True)
+        rng = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_)
         seen = self._seen
         if hp.sampling == "poisson":
-            joins = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_).random(len(seen))
-            return [int(u) for u in seen[joins < hp.fraction]]
-        p = None
-        if hp.sampling == "samples":
-            if self.sizes is None:
-                raise ValueError("sampling: samples needs the users' training sizes")
-            p = self.sizes[seen] / self.sizes[seen].sum()
-        rng = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_)
-        return sorted(int(u) for u in rng.choice(seen, hp.users_per_round, replace=False, p=p))
+            joins = rng.random(len(seen))
+            return [int(u) for u in seen[joins < hp.fraction] if online(int(u))]
+        if hp.sampling == "uniform":
+            pool = np.arange(hp.n_users) if not hp.unseen_count else seen
+            return draw_online(rng, pool, self.drawn, online)
+        if self.sizes is None:
+            raise ValueError("sampling: samples needs the users' training sizes")
+        pool = np.array([u for u in seen if online(int(u))], dtype=np.int64)
+        p = self.sizes[pool] / self.sizes[pool].sum()
+        m = min(self.drawn, len(pool))
+        return sorted(int(u) for u in rng.choice(pool, m, replace=False, p=p))
+
+    @classmethod
+    def validate(cls, cfg: RunConfig) -> None:
+        """Raise ConfigError for settings the strategy cannot run, before Ray starts."""
+        if cfg.overcommit > 1 and cfg.sampling == "poisson":
+            raise ConfigError(
+                f"overcommit = {cfg.overcommit:g} over-commits a cohort of m users; "
+                f"sampling: poisson has none: use uniform or samples sampling"
+            )
+
+    def next_step(self, round_: int, schedule: Schedule, timing: Timing) -> Step:
+        """Round k on the simulated clock: it starts when round k-1 ended (`schedule.now`)
+        and samples among the users online then; each sampled user that did not drop out
+        or straggle (the `dropout` and `stragglers` draws, which stand beside the clock:
+        their tasks end at once) starts a task, which arrives, is cut by the deadline or
+        is lost offline (:meth:`Timing.task`); the first m to arrive are kept (all of
+        them unless over-committed), the rest are late. The round ends when its m-th
+        kept task arrives, or when its last task is resolved if fewer than m arrive;
+        nobody online: when the first user comes online. The kept users report."""
+        now = schedule.now
+        users = self.sample(round_, lambda u: timing.online(u, now))
+        who = self.participation(round_, users)
+        gone = {**dict.fromkeys(who.dropped, "dropped"), **dict.fromkeys(who.late, "late")}
+        tasks = []
+        for user in users:
+            task = timing.task(schedule.new_id(), user, schedule.version, now)
+            if user in gone:
+                task.outcome, task.end = gone[user], now
+            tasks.append(task)
+        cohort = len(users) if self.hparams.sampling == "poisson" else self.hparams.users_per_round
+        arrived = sorted((t for t in tasks if t.arrives), key=lambda t: (t.end, t.id))
+        kept, cut = arrived[:cohort], arrived[cohort:]
+        for task in kept:
+            task.outcome, task.round = "aggregated", round_
+        for task in cut:
+            task.outcome = "late"
+        if kept and len(kept) == cohort:
+            end = kept[-1].end
+        elif tasks:
+            end = max(t.end for t in tasks)
+        else:
+            end = min((timing.next_online(int(u), now) for u in self._seen), default=now)
+        reporting = sorted(t.user for t in kept)
+        trained = self.trained(round_, reporting)
+        schedule.now = end if math.isfinite(end) else now
+        schedule.advance()
+        return Step(
+            round_,
+            users,
+            trained,
+            reporting,
+            [],  # summed at once: nothing is held
+            [],
+            [],
+            False,
+            schedule.now,
+            len(users),
+            tasks,
+            [("dropout", who.dropped), ("straggler", who.late)],
+        )
+
+    def server_step(
+        self,
+        step: Step,
+        state: ServerState,
+        total: np.ndarray,
+        weight: float,
+        rebased: float,
+        stats: Mapping[str, float] | None = None,
+    ) -> ServerState:
+        """The state after a step from the sum `total` of its users' models, weighted by
+        weights adding up to `weight` (of which `rebased`, those of updates added to the
+        current model rather than summed as models); unchanged where nobody reported
+        (unless the privacy mechanism releases noise regardless)."""
+        if not step.reported and not self.releases_empty:
+            return state
+        return self.aggregate(step.round, state, total, weight, stats)
 
     def trained(self, round_: int, reporting: list[int]) -> list[int]:
         """The users round k trains: the reporting ones (`reporting` itself), or every

@@ -127,6 +127,27 @@ def test_bad_privacy_settings_exit_2_before_ray_starts(tmp_path, pairs, message)
     assert message in _run(*TINY, *PRIVATE, *sets, cwd=tmp_path)
 
 
+# The rest of the asynchronous strategies' checks: tests/test_async.py, in-process.
+ASYNCHRONOUS = [
+    (
+        ["strategy=fedbuff", "fedbuff.concurrency=2", "fedbuff.buffer_size=3"],
+        "fedbuff.buffer_size = 3 is larger than fedbuff.concurrency = 2",
+    ),
+    (["strategy=fedbuff", "fedbuff.buffer_size=0"], "fedbuff.buffer_size = 0 is out of range"),
+    (["strategy=fedasync", "fedasync.concurrency=0"], "fedasync.concurrency = 0 is out of range"),
+    (
+        ["strategy=fedbuff", *PRIVATE[1::2]],
+        "strategy = fedbuff with privacy = central: differential privacy's accounting",
+    ),
+]
+
+
+@pytest.mark.parametrize(("pairs", "message"), ASYNCHRONOUS)
+def test_bad_clock_and_asynchronous_settings_exit_2_before_ray_starts(tmp_path, pairs, message):
+    sets = [arg for pair in pairs for arg in ("--set", pair)]
+    assert message in _run(*TINY, *sets, cwd=tmp_path)
+
+
 OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # refused
 
 

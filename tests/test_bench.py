@@ -365,3 +365,24 @@ def test_the_node_loss_benchmark_times_a_run_that_loses_a_node(tmp_path):
     assert rows["same_rows_as_local"].all() and (rows["actors_lost"] >= 1).all()
     assert (rows["recovery_round_seconds"] > rows["median_round_seconds"]).all()
     assert "asking Ray for 0 CPU" in rows["detail"].iloc[0]  # no room: it shares a CPU
+
+
+@pytest.mark.slow
+def test_the_async_benchmark_measures_fedbuff_beside_synchronous_rounds(tmp_path):
+    """The MNIST throughput runs train the same users a step (FedBuff whose concurrency
+    and K are the cohort is synchronous FedAvg, on the same simulated clock) and the
+    scale runs report a driver cost per arrival and the memory peaks."""
+    rows, _ = _smoke("async", tmp_path)
+    throughput = rows[rows["part"] == "throughput"]
+    assert throughput["strategy"].tolist() == ["uniform", "fedbuff", "fedbuff"]
+    assert throughput["concurrency"].tolist()[1:] == [10, 30]
+    assert (throughput["arrivals_per_step"] == 10).all()
+    same = throughput.iloc[:2]
+    assert same["sim_hours"].iloc[0] == same["sim_hours"].iloc[1] > 0
+    assert throughput["ratio_to_synchronous"].iloc[0] == 1
+    assert (throughput["user_steps_per_second"] > 0).all()
+    scale = rows[rows["part"] == "scale"]
+    assert scale["strategy"].tolist() == ["uniform", "fedbuff"]
+    assert (scale["arrivals_per_step"] == 5).all() and (scale["n_users"] == 300).all()
+    assert (scale["driver_seconds_per_arrival"] > 0).all()
+    assert (scale[["driver_peak_gb", "actors_peak_gb"]] > 0).all().all()

@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("version",),
     ("registry",),
     ("config",),
+    # the simulated population: devices and availability (NumPy and pandas alone)
+    ("population",),
     # the maths, which knows nothing of Ray
     ("data",),
     # arithmetic on parameter trees, which the optimisers and the methods share; then
@@ -49,7 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("privacy",),
     ("models",),
     ("engines",),
-    ("strategy", "learner"),
+    ("clock", "strategy", "asynchronous", "learner"),
     # the results folder: its layout, writing and reading
     ("results",),
     # reading results: analysis consumes the results package, reports and displays it

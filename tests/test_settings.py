@@ -156,11 +156,11 @@ def test_a_component_receives_its_own_settings_and_the_core_keys_it_names():
     assert from_run.hparams == dataclasses.replace(hparams, optimizer=from_run.optimizer)
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
-    class Sized(Algorithm.HParams):  # a user's method that reads one more core key
-        batch_size: int
+    class Seeded(Algorithm.HParams):  # a user's method that reads one more core key
+        seed: int
 
-    assert Sized.of(revise(cfg, batch_size=16)).batch_size == 16
-    assert not hasattr(Sized.of(cfg), "n_users")
+    assert Seeded.of(revise(cfg, seed=16)).seed == 16
+    assert not hasattr(Seeded.of(cfg), "n_users")
 
 
 def test_the_strategy_and_server_optimiser_receive_their_own_settings():

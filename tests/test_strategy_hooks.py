@@ -70,7 +70,7 @@ def hooked(monkeypatch, ray_session):
     prepared = simulation.prepare(cfg)
     actor = simulation.actor_factory(prepared, Placement([range(6)], 1.0, 0.0))(0, 0)
     w0 = simulation.initial_weights(cfg, prepared.source([0]))
-    reporting = Strategy(cfg).plan(1).reporting
+    reporting = Strategy(cfg).sample(1)
     plain = each_users_model(ray_session, actor, w0, reporting, 1)
     yield hooked, cfg, actor, w0, reporting, plain
     ray_session.kill(actor)

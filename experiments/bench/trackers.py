@@ -39,7 +39,7 @@ from common import MNIST, RESULTS
 from report import publish
 
 from perfed_ray.api import simulate
-from perfed_ray.config import load
+from perfed_ray.config import load, revise
 from perfed_ray.results.reader import read_table
 from perfed_ray.tracking import feed
 
@@ -81,7 +81,7 @@ def measure(mode: str, rounds: int, sets: list[str], folder: Path) -> dict[str, 
     """One run with `report_to` as `mode` says, and what its trackers cost."""
     trackers = [] if mode == "off" else mode.split(",")
     cfg = load(MNIST, [*sets, "algorithm=fedavg", f"rounds={rounds}"])
-    cfg = cfg.replace(report_to=trackers)
+    cfg = revise(cfg, report_to=trackers)
     with tempfile.TemporaryDirectory(dir=folder) as out, Timed() as timed:
         simulate(cfg, out, progress=False)
         table, run = read_table(out, "rounds"), read_table(out, "runs").iloc[0]

@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 
 class APFL(Algorithm):
     """The stream draws D, D', D'' per step like Per-FedAvg's; APFL uses D for all three
-    updates."""
+    updates, through two passes a step (the gradient at w and the one at the mixture,
+    which alpha's update reuses), so its task is twice FedAvg's samples on the clock
+    (:meth:`task_samples`)."""
 
     batches_per_step = 1
     draws_per_step = 3
@@ -80,6 +82,9 @@ class APFL(Algorithm):
         super().__init__(hparams)
         rate = self.settings["alpha_lr"]
         self.alpha_lr = self.beta if rate is None else rate
+
+    def task_samples(self, n_train: int) -> int:
+        return 2 * super().task_samples(n_train)
 
     def init_user_state(self, server):
         like = next(iter(server.values()))  # alpha on the model's device, in its dtype

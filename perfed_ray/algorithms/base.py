@@ -25,6 +25,7 @@ from perfed_ray.algorithms.tree import Params, Scalar, per_user, sgd, tree_map
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.schema import RunConfig
 from perfed_ray.config.settings import Setting
+from perfed_ray.data.batches import steps_in
 from perfed_ray.registry import ALGORITHMS, CLIENT_OPTIMIZERS
 
 if TYPE_CHECKING:
@@ -65,13 +66,17 @@ class ModelOps(Protocol):
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmHParams(HParams):
     """What every algorithm reads of a run: the step sizes alpha (of personalisation)
-    and beta (of the local steps), the client optimiser of its local steps, and its own
-    section (``self.settings``). A method that reads more core keys subclasses it as
+    and beta (of the local steps), the round's local work (tau steps or local_epochs
+    passes, of batches of batch_size), the client optimiser of its local steps, and its
+    own section (``self.settings``). A method that reads more core keys subclasses it as
     its ``HParams`` (Per-FedAvg (HF): `delta`, `hf_delta`)."""
 
     key: ClassVar[str] = "algorithm"
     alpha: float
     beta: float
+    tau: int
+    local_epochs: int | None
+    batch_size: int
     optimizer: ClientOptimizer
 
     @classmethod
@@ -132,6 +137,19 @@ class Algorithm:
         self.optimizer = self.hparams.optimizer
 
     # -- client side -------------------------------------------------------------------
+    def task_samples(self, n_train: int) -> int:
+        """The training samples one round's local work of a user holding `n_train` puts
+        through the model: what its device's compute time is charged for on the
+        simulated clock (:func:`perfed_ray.population.devices.task_seconds`). A batch
+        counts once for each pass of the model over it (a gradient, a loss, a
+        Hessian-vector product or HF's difference of two gradients alike), whatever the
+        stream draws and leaves unused. Here FedAvg's: one batch a step, tau steps, or
+        with `local_epochs` that many passes over the user's shard in full batches
+        (ceil(n_train / batch_size) a pass); a method whose steps touch more overrides
+        it."""
+        hp = self.hparams
+        return steps_in(n_train, hp.local_epochs, hp.tau, hp.batch_size) * hp.batch_size
+
     def init_user_state(self, start: Params) -> Params | None:
         """A user's state before its first round (None: the method keeps none), made
         from `start`: the server's model or w_0, as `state_start` says."""

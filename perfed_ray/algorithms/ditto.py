@@ -51,7 +51,10 @@ if TYPE_CHECKING:
 
 
 class Ditto(Algorithm):
-    """The stream draws D, D', D'' per step like Per-FedAvg's; Ditto uses D."""
+    """The stream draws D, D', D'' per step like Per-FedAvg's; Ditto uses D twice a
+    step (a gradient of the personal model, one of the global copy), so its task is
+    2 tau batch_size samples on the clock, or twice FedAvg's epochs' samples
+    (:meth:`task_samples`)."""
 
     batches_per_step = 1
     draws_per_step = 3
@@ -71,6 +74,9 @@ class Ditto(Algorithm):
         super().__init__(hparams)
         self.lam = self.settings["lambda"]
         self.state_start = self.settings["personal_start"]
+
+    def task_samples(self, n_train: int) -> int:
+        return 2 * super().task_samples(n_train)
 
     def init_user_state(self, start):
         return start

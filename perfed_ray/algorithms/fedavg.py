@@ -20,7 +20,9 @@ class FedAvg(Algorithm):
     one seed gives FedAvg and Per-FedAvg the same D at every step (and the committed
     FedAvg results, drawn so, keep their numbers). The optimiser's state lives for one
     round, as in the code of McMahan et al.'s successors (`optimizer = SGD(...)` in each
-    client's `train()`)."""
+    client's `train()`). Its task on the simulated clock is one batch a step
+    (:meth:`~perfed_ray.algorithms.base.Algorithm.task_samples`): tau batch_size samples,
+    or its epochs' full batches."""
 
     batches_per_step = 1
     draws_per_step = 3

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 
 class FedAvgFT(FedAvg):
+    """FedAvg's training, and so FedAvg's task on the simulated clock (one batch a
+    step); its fine-tuning belongs to evaluation, which the clock does not time."""
+
     settings: ClassVar[dict[str, Setting]] = {
         "finetune_steps": Setting(
             10,

@@ -47,7 +47,8 @@ from perfed_ray.config.settings import Setting
 class FedProx(Algorithm):
     """Local SGD on the proximal objective. The stream draws D, D', D'' per step like
     Per-FedAvg's, and FedProx uses D, so one seed gives it FedAvg's batches (with mu = 0
-    it is FedAvg, step for step)."""
+    it is FedAvg, step for step). Its task on the simulated clock is FedAvg's: one batch
+    a step, the proximal term costing no pass over data."""
 
     batches_per_step = 1
     draws_per_step = 3

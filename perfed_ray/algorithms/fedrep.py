@@ -64,7 +64,6 @@ newcomer's head there too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -91,7 +90,10 @@ def _parts(params: Params) -> dict[str, list[str]]:
 
 
 class FedRep(Algorithm):
-    """The stream draws D, D', D'' per step like Per-FedAvg's; FedRep uses D."""
+    """The stream draws D, D', D'' per step like Per-FedAvg's; FedRep uses D. Its task on
+    the simulated clock is FedAvg's, one batch a step, head steps and body steps alike
+    (a head step backpropagates through less of the model, which the clock does not
+    count)."""
 
     batches_per_step = 1
     draws_per_step = 3
@@ -116,15 +118,8 @@ class FedRep(Algorithm):
         ),
     }
 
-    @dataclass(frozen=True, kw_only=True)
-    class HParams(AlgorithmHParams):
-        """Also the round's local work, which the head's and body's steps split."""
-
-        tau: int
-        local_epochs: int | None
-
     @classmethod
-    def validate(cls, hparams: FedRep.HParams) -> None:
+    def validate(cls, hparams: AlgorithmHParams) -> None:
         mine, local_epochs = hparams.section, hparams.local_epochs
         epochs = mine["head_epochs"] + mine["body_epochs"]
         if local_epochs is not None and epochs != local_epochs:
@@ -138,7 +133,7 @@ class FedRep(Algorithm):
                 "a round has tau local steps, head steps first, then body steps"
             )
 
-    def __init__(self, hparams: FedRep.HParams | RunConfig) -> None:
+    def __init__(self, hparams: AlgorithmHParams | RunConfig) -> None:
         super().__init__(hparams)
         self.epochs_split = (self.settings["head_epochs"], self.settings["body_epochs"])
         self.head_steps = self.hparams.tau - self.settings["body_steps"]

@@ -22,7 +22,7 @@ from perfed_ray.algorithms.fedavg import FedAvg
 class Local(FedAvg):
     """Each user alone: FedAvg's local steps (the client optimiser, its state for one
     round, on the same D for one seed) from the user's own model instead of the
-    server's."""
+    server's. Its task on the simulated clock is FedAvg's: one batch a step."""
 
     fixed_server = True
 

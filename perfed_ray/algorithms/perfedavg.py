@@ -28,10 +28,17 @@ if TYPE_CHECKING:
 
 
 class PerFedAvgFO(Algorithm):
-    """Per-FedAvg (FO), Section 5 (i): the Hessian term dropped, direction g."""
+    """Per-FedAvg (FO), Section 5 (i): the Hessian term dropped, direction g. Its
+    stream draws D, D', D'' a step like the other variants'; a step's work is two
+    batches (a gradient on D, then one on D'), so its task is 2 tau batch_size samples
+    on the clock (:meth:`task_samples`)."""
 
     batches_per_step = 3
     epochs = False  # tau steps of three fresh batches each, as the paper runs them
+    passes = 2  # batches the model passes over in a step: D, D'
+
+    def task_samples(self, n_train: int) -> int:
+        return self.passes * super().task_samples(n_train)
 
     def outer_gradient(self, ops, w, batches):
         """g = grad f(w~; D') with w~ = w - alpha grad f(w; D); also f(w; D)."""
@@ -48,7 +55,11 @@ class PerFedAvgFO(Algorithm):
 
 class PerFedAvg(PerFedAvgFO):
     """Per-FedAvg, Algorithm 1 and eq. (8): (I - alpha H(w; D'')) g, the Hessian at w,
-    its product with g exact by autodiff."""
+    its product with g exact by autodiff. Three batches a step (D, D', D''): its task
+    is 3 tau batch_size samples on the clock (the Hessian-vector product counts as one
+    pass over D'', though it costs about two gradients)."""
+
+    passes = 3
 
     def direction(self, ops, w, batches):
         g, loss = self.outer_gradient(ops, w, batches)
@@ -59,7 +70,11 @@ class PerFedAvg(PerFedAvgFO):
 class PerFedAvgHF(PerFedAvgFO):
     """Per-FedAvg (HF), Section 5 (ii) and Appendix H: g - alpha d with the central
     difference d = (grad f(w + delta g; D'') - grad f(w - delta g; D'')) / (2 delta),
-    delta as :meth:`difference_step` chooses it."""
+    delta as :meth:`difference_step` chooses it. Three batches a step (D, D', D''): its
+    task is 3 tau batch_size samples on the clock (the difference of two gradients on
+    D'' counts as one pass)."""
+
+    passes = 3
 
     @dataclass(frozen=True, kw_only=True)
     class HParams(AlgorithmHParams):

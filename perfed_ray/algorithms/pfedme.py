@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 
 
 class PFedMe(Algorithm):
-    """The stream draws D, D', D'' per step like Per-FedAvg's; pFedMe uses D."""
+    """The stream draws D, D', D'' per step like Per-FedAvg's; pFedMe uses D, K =
+    `pfedme.steps` times a step (theta's K gradient steps on it), so its task is K tau
+    batch_size samples on the clock (:meth:`task_samples`)."""
 
     batches_per_step = 1
     draws_per_step = 3
@@ -82,6 +84,9 @@ class PFedMe(Algorithm):
         self.inner_steps = self.settings["steps"]
         self.inner_lr = self.settings["personal_lr"]
         self.mix = self.settings["beta"]
+
+    def task_samples(self, n_train: int) -> int:
+        return self.inner_steps * super().task_samples(n_train)
 
     def init_user_state(self, server):
         return server

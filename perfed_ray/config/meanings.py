@@ -161,6 +161,16 @@ MEANINGS: dict[str, str] = {
         "clipped, Gaussian noise on their sum at the server) or local (each user noises "
         "its own update); its settings in the privacy section (privacy.epsilon ...)"
     ),
+    "devices": (
+        "users' devices on the simulated clock, how fast each computes and communicates: "
+        "equal (every user devices.compute_ms and devices.bandwidth_kbps), lognormal "
+        "(each user's drawn once around them) or table (devices.file)"
+    ),
+    "availability": (
+        "when users are online on the simulated clock: always, diurnal (each user a "
+        "window of availability.online of every day) or table (availability.file's "
+        "intervals, repeating every availability.period seconds)"
+    ),
     "aggregation": (
         "how users' models are combined: their plain mean (Algorithm 1) or their "
         "mean weighted by training samples"
@@ -187,7 +197,17 @@ MEANINGS: dict[str, str] = {
     ),
     "stragglers": (
         "chance that a sampled user that did not drop out reports after the round's "
-        "deadline and is cut; recorded in `events`"
+        "deadline and is cut; recorded in `events` (a draw, beside the simulated clock: "
+        "`deadline` cuts by the users' devices instead)"
+    ),
+    "overcommit": (
+        "a synchronous round samples ceil(overcommit * cohort) online users and keeps the "
+        "first cohort to finish on the simulated clock (FedScale's over-commitment); the "
+        "rest are `late` in the tasks table"
+    ),
+    "deadline": (
+        "simulated seconds a task may take (download, local work, upload) before it is "
+        "`late` and cut; off: none"
     ),
     "tag": "free-form label stored with the results",
     "report_to": (

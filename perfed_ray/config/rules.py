@@ -92,6 +92,9 @@ def check(cfg: RunConfig) -> None:
         )
     for tracker in filter(None, cfg.report_to.split(",")):
         REGISTRIES["report_to"].load(tracker).check_installed(tracker)
+    for key in ("devices", "availability"):  # their tables are read and checked here
+        model = REGISTRIES[key].load(getattr(cfg, key))
+        model.validate(model.HParams.of(cfg))
     if cfg.privacy != "none":
         mechanism = REGISTRIES["privacy"].load(cfg.privacy)
         mechanism.validate(mechanism.HParams.of(cfg), method.fixed_server)
@@ -102,3 +105,4 @@ def check(cfg: RunConfig) -> None:
                 f"privacy = {cfg.privacy} cannot bound (it assumes each user counts once): "
                 f"keep Strategy.weight under privacy"
             )
+    REGISTRIES["strategy"].load(cfg.strategy).validate(cfg)

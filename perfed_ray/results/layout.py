@@ -4,7 +4,8 @@ Everything perfed-ray writes into a results folder sits in a folder named here, 
 that a folder is recognised as perfed-ray's own (runs are added side by side, never
 mixed into someone else's files) and every reader and writer agrees on the paths::
 
-    runs/ rounds/ evals/ events/ actors/   the Parquet tables, run_id=<id>/part-0.parquet
+    runs/ rounds/ evals/ events/ actors/ tasks/
+                                           the Parquet tables, run_id=<id>/part-0.parquet
     checkpoints/run_id=<id>/               a run's record and checkpoint (--resume)
     sweeps/<name>/                         Ray Tune's state of each sweep
     logs/<run_id>.txt                      tracebacks of failed runs
@@ -25,7 +26,8 @@ ROUNDS = "rounds"  # one row per round
 EVALS = "evals"  # one row per user, evaluation and draw
 EVENTS = "events"  # failures, replacements, drop-outs, stragglers
 ACTORS = "actors"  # which node, process and GPU hosted which users
-TABLES = (RUNS, ROUNDS, EVALS, EVENTS, ACTORS)
+TASKS = "tasks"  # one row per user's task on the simulated clock
+TABLES = (RUNS, ROUNDS, EVALS, EVENTS, ACTORS, TASKS)
 APPENDED = tuple(t for t in TABLES if t != RUNS)  # tables that grow as a run goes
 
 CHECKPOINTS = "checkpoints"

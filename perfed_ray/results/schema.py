@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from perfed_ray.config import CORE, RunConfig, component_settings
-from perfed_ray.results.layout import ACTORS, EVALS, EVENTS, ROUNDS, RUNS
+from perfed_ray.results.layout import ACTORS, EVALS, EVENTS, ROUNDS, RUNS, TASKS
 
 _ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -101,6 +101,15 @@ ROUNDS_SCHEMA = _table(
         "differential privacy's epsilon spent after this round, at "
         "`privacy.delta` (inf: no privacy; null in results written before privacy existed)",
     ),
+    ("sim_time", pa.float64(), "simulated seconds when the step's model was made"),
+    (
+        "staleness_mean",
+        pa.float64(),
+        "an asynchronous server's: the aggregated updates' mean staleness (server steps "
+        "since their model)",
+    ),
+    ("staleness_max", pa.int64(), "an asynchronous server's: their largest staleness"),
+    ("in_flight", pa.int64(), "an asynchronous server's: tasks still in flight after the step"),
 )
 
 EVALS_SCHEMA = _table(
@@ -127,6 +136,19 @@ EVALS_SCHEMA = _table(
     ),
     ("loss_steps", pa.list_(pa.float64()), "test loss after 0, 1, ..., `personalise_steps` steps"),
     ("unseen", pa.bool_(), "never sampled for training (`unseen_users`)"),
+    ("sim_time", pa.float64(), "simulated seconds when the scored model was made"),
+)
+
+TASKS_SCHEMA = _table(
+    TASKS,
+    ("task", pa.int64(), "the task's number in dispatch order (ties in time are broken by it)"),
+    ("user", pa.int64(), "the user that ran it"),
+    ("version", pa.int64(), "server steps done when it started"),
+    ("start", pa.float64(), "simulated seconds when it started"),
+    ("end", pa.float64(), "its arrival, or when it was known lost (simulated seconds)"),
+    ("round", pa.int64(), "the server step that aggregated it (null: none)"),
+    ("staleness", pa.int64(), "round - 1 - version"),
+    ("outcome", pa.string(), "aggregated, late, offline, dropped or pending"),
 )
 
 EVENTS_SCHEMA = _table(
@@ -157,6 +179,7 @@ SCHEMAS = {
     EVALS: EVALS_SCHEMA,
     EVENTS: EVENTS_SCHEMA,
     ACTORS: ACTORS_SCHEMA,
+    TASKS: TASKS_SCHEMA,
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.postprocess import UserPostprocessor
+from perfed_ray.runtime.coordinator import Batch
 from perfed_ray.runtime.environment import Components, adopt
 
 
@@ -46,6 +48,17 @@ class UpdateSum:
     seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
     guests: dict[int, np.ndarray] | None = None  # new states of users hosted elsewhere
     stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's statistics
+    rebased: float = 0.0  # the weights of held updates summed as updates (rebase)
+
+
+class Held(NamedTuple):
+    """An asynchronous task's update, held until a server step sums it: its user, the
+    model version it started from, its model and its mean training loss."""
+
+    user: int
+    version: int
+    model: dict[str, torch.Tensor]
+    loss: torch.Tensor
 
 
 def peak_memory_bytes() -> int:
@@ -100,6 +113,11 @@ class UserActor:
         # class by value, so a registry imported here would be the driver's copy as it
         # stood when the class was first sent, without the components adopted above.
         self.strategy = registry.STRATEGIES.load(cfg.strategy)(cfg)
+        # An asynchronous server's updates in flight: task -> (user, the version it
+        # started from, its model, its loss), and those versions' models: memory grows
+        # with the tasks in flight, not with the users.
+        self.updates: dict[int, Held] = {}
+        self.bases: dict[int, dict[str, torch.Tensor]] = {}
 
     def describe(self) -> dict[str, object]:
         """Where this actor runs and its peak memory (also: it is ready)."""
@@ -130,29 +148,125 @@ class UserActor:
         rounds), as their hosts handed them over; their new states are sent back."""
         clock = time.perf_counter()
         start = self.flat.unflatten(weights, self.device)  # never modified in place
-        visiting: dict[int, np.ndarray | None] | None = None
-        if guests is not None:
-            store = self.learner.store
-            visiting = dict.fromkeys((u for u in users if u not in store), None)
-            for handed in ray.get(guests):
-                visiting.update(handed)
+        visiting = self._visiting(users, guests)
         return self._round(start, users, round_, aggregated, visiting, clock, postprocess)
 
-    def train_rounds(
+    def work(
         self,
         weights: np.ndarray,
-        rounds: list[tuple[int, list[int], list[int] | None, UserPostprocessor | None]],
+        batches: list[Batch],
+        guests: list[ray.ObjectRef] | None = None,
     ) -> list[UpdateSum]:
-        """Several rounds in one call, for a method whose server's model never moves
-        (`fixed_server`): (round, users, aggregated, postprocess) each, as `train` takes
-        them, in order, every one from the same weights; one sum a round."""
+        """Server steps' work in one call, in order, all from the same weights (several
+        only for a method whose server's model never moves, `fixed_server`): a
+        synchronous round's users trained and summed as `train` does them, or an
+        asynchronous step's tasks trained and held, then the held updates it asks for
+        summed. One sum a step. `guests`: as `train` takes them (one step)."""
         clock = time.perf_counter()
         start = self.flat.unflatten(weights, self.device)
+        visiting = self._visiting(batches[0].users, guests)
         sums = []
-        for round_, users, aggregated, postprocess in rounds:
-            sums.append(self._round(start, users, round_, aggregated, None, clock, postprocess))
+        for batch in batches:
+            if batch.tasks is None:
+                sums.append(
+                    self._round(
+                        start,
+                        batch.users,
+                        batch.round,
+                        batch.reporting,
+                        visiting,
+                        clock,
+                        batch.postprocess,
+                    )
+                )
+            else:
+                sums.append(self._held(start, batch, visiting, clock))
             clock = time.perf_counter()
         return sums
+
+    def _visiting(
+        self, users: list[int], guests: list[ray.ObjectRef] | None
+    ) -> dict[int, np.ndarray | None] | None:
+        """The states of the `users` other actors host, as their hosts handed them over."""
+        if guests is None:
+            return None
+        store = self.learner.store
+        visiting = dict.fromkeys((u for u in users if u not in store), None)
+        for handed in ray.get(guests):
+            visiting.update(handed)
+        return visiting
+
+    def _held(
+        self,
+        start: dict[str, torch.Tensor],
+        batch: Batch,
+        visiting: dict[int, np.ndarray | None] | None,
+        clock: float,
+    ) -> UpdateSum:
+        """An asynchronous step: its new tasks trained from `start` (the model after
+        round k-1) and held, then the held updates it names summed, each weighted by the
+        strategy's weight of its user times its factor; with `rebase`, one started from
+        an older model as its update (its model minus that one), whose weights are
+        `rebased` in the answer, so the server adds them times its current model."""
+        version = batch.round - 1
+        if batch.users:
+            self._faults(batch.round)
+            models, losses = self.learner.train(start, batch.users, batch.round, visiting)
+            self.bases[version] = start
+            for i, task in enumerate(batch.tasks):
+                model = {k: v[i].clone() for k, v in models.items()}
+                self.updates[task] = Held(batch.users[i], version, model, losses[i].clone())
+        for task in batch.discard:
+            del self.updates[task]
+        taken = [(self.updates.pop(t), f) for t, f in batch.summed]
+        scale = [self.strategy.weight(self.learner.n_train(h.user)) * f for h, f in taken]
+        stale = [batch.rebase and h.version != version for h, _ in taken]
+        total = np.zeros(self.flat.size, dtype=np.float64)
+        for rebased in (False, True):  # models as they are; then updates, as models' moves
+            chosen = [i for i, s in enumerate(stale) if s == rebased]
+            if not chosen:
+                continue
+            models = {
+                k: torch.stack([self._as_summed(taken[i][0], k, rebased) for i in chosen])
+                for k in start
+            }
+            total += self._sum(models, [scale[i] for i in chosen])
+        in_use = {h.version for h in self.updates.values()}
+        self.bases = {v: b for v, b in self.bases.items() if v in in_use or v == version}
+        losses = torch.stack([h.loss for h, _ in taken]) if taken else torch.zeros(0)
+        return UpdateSum(
+            total,
+            float(sum(scale)),
+            float(losses.double().sum()),
+            seconds=time.perf_counter() - clock,
+            guests=visiting or None,
+            rebased=float(sum(a for a, s in zip(scale, stale, strict=True) if s)),
+        )
+
+    def _as_summed(self, held: Held, leaf: str, rebased: bool) -> torch.Tensor:
+        """A held model's leaf, or with `rebased` its update: the model minus the one it
+        started from, in float64."""
+        if not rebased:
+            return held.model[leaf]
+        return held.model[leaf].double() - self.bases[held.version][leaf].double()
+
+    def _sum(self, models: dict[str, torch.Tensor], scale: list[float]) -> np.ndarray:
+        """The users' models (stacked along a leading axis) weighted by `scale` and
+        summed in float64 in user order, one leaf at a time, before flattening."""
+        if all(w == 1.0 for w in scale):
+            return self.flat.flatten({k: v.sum(0, dtype=torch.float64) for k, v in models.items()})
+        weights = torch.tensor(scale, dtype=torch.float64, device=self.device)
+        return self.flat.flatten(
+            {k: torch.tensordot(weights, v.double(), dims=1) for k, v in models.items()}
+        )
+
+    def _faults(self, round_: int) -> None:
+        if self.actor == 0:
+            faults.crash_at("actor-always", round_)
+            if self.incarnation == 0:
+                faults.crash_at("actor", round_)
+            if self.incarnation == 1:
+                faults.crash_at("actor-replacement", round_)
 
     def _round(
         self,
@@ -165,12 +279,7 @@ class UserActor:
         postprocess: UserPostprocessor | None = None,
     ) -> UpdateSum:
         """One round's local work of `users` from the server's model `start`, summed."""
-        if self.actor == 0:
-            faults.crash_at("actor-always", round_)
-            if self.incarnation == 0:
-                faults.crash_at("actor", round_)
-            if self.incarnation == 1:
-                faults.crash_at("actor-replacement", round_)
+        self._faults(round_)
         models, losses = self.learner.train(start, users, round_, visiting)
         if aggregated is not None:
             summed = set(aggregated)
@@ -182,14 +291,7 @@ class UserActor:
             stats = postprocess.statistics(start, models, users)
             models = postprocess(start, models, users)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
-        # The sum is taken in float64 in user order, one leaf at a time, before flattening.
-        if all(w == 1.0 for w in weights_):
-            total = self.flat.flatten({k: v.sum(0, dtype=torch.float64) for k, v in models.items()})
-        else:
-            scale = torch.tensor(weights_, dtype=torch.float64, device=self.device)
-            total = self.flat.flatten(
-                {k: torch.tensordot(scale, v.double(), dims=1) for k, v in models.items()}
-            )
+        total = self._sum(models, weights_)
         # float32 losses add up exactly in float64: the same sum whatever the grouping.
         loss_sum = float(losses.double().sum())
         seconds = time.perf_counter() - clock
@@ -199,6 +301,24 @@ class UserActor:
         """The given hosted users' personalised scores for the global weights, as columns."""
         params = self.flat.unflatten(weights, self.device)
         return self.learner.evaluate(params, users, round_, draws)
+
+    def held(self) -> tuple[dict[int, tuple], dict[int, np.ndarray]]:
+        """The held updates, task -> (user, version, flat model, loss), and the flat
+        models they started from, for a checkpoint."""
+        held = {
+            t: (h.user, h.version, self.flat.flatten(h.model), float(h.loss))
+            for t, h in self.updates.items()
+        }
+        versions = {v for _, v, _, _ in held.values()}
+        return held, {v: self.flat.flatten(self.bases[v]) for v in versions}
+
+    def hold(self, held: dict[int, tuple], bases: dict[int, np.ndarray]) -> None:
+        """Held updates back from a checkpoint (as `held` gave them)."""
+        for v, weights in bases.items():
+            self.bases[v] = self.flat.unflatten(weights, self.device)
+        for t, (u, v, model, loss) in held.items():
+            tree = self.flat.unflatten(model, self.device)
+            self.updates[t] = Held(u, v, tree, torch.tensor(loss, dtype=torch.float32))
 
     def user_states(self) -> dict[int, np.ndarray]:
         """The hosted users' per-user states (empty for methods that keep none)."""

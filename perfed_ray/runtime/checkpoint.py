@@ -9,7 +9,10 @@ Under ``<out>/checkpoints/run_id=<id>/``:
   global model w_k, the server optimiser's state such as FedAdam's moments, and a
   strategy's own arrays), every user's per-user state (for methods that keep one),
   how many rows of each table belong to rounds up to k, the wall time spent so far
-  and the last evaluated accuracy.
+  and the last evaluated accuracy; the simulated clock and its queue (the tasks in
+  flight and in the server's buffer: :class:`~perfed_ray.clock.Schedule`), and the
+  updates the actors hold for an asynchronous server, with the models they started
+  from.
 
 No random generator state is saved because the run has none that evolves: every
 draw is keyed by (seed, purpose, user, round, draw) (:mod:`perfed_ray.seeding`), so
@@ -65,6 +68,10 @@ class Checkpoint:
     wall_seconds: float
     accuracy: tuple[int, float] | None
     states: dict[int, np.ndarray] = field(default_factory=dict)  # user -> flat state
+    schedule: dict[str, Any] | None = None  # the clock and its queue, as JSON values
+    # task -> (user, version, model, loss, the actor holding it)
+    held: dict[int, tuple] = field(default_factory=dict)
+    bases: dict[int, np.ndarray] = field(default_factory=dict)  # version -> its model
 
     def states_of(self, users: list[int]) -> dict[int, np.ndarray]:
         """The per-user states of the given users (those that have one)."""
@@ -73,6 +80,24 @@ class Checkpoint:
 
 def _arrays(saved: np.lib.npyio.NpzFile, prefix: str) -> dict[str, np.ndarray]:
     return {k.removeprefix(prefix): saved[k] for k in saved.files if k.startswith(prefix)}
+
+
+def _stacked(vectors: list[np.ndarray]) -> np.ndarray:
+    return np.stack(vectors) if vectors else np.zeros((0, 0), np.float32)
+
+
+def _held(saved: np.lib.npyio.NpzFile) -> tuple[dict[int, tuple], dict[int, np.ndarray]]:
+    """The held updates and their models' versions (none in older checkpoints)."""
+    if "held_tasks" not in saved.files or not len(saved["held_tasks"]):
+        return {}, {}
+    names = ("held_tasks", "held_users", "held_versions", "held_losses", "held_actors")
+    models = saved["held_models"]
+    held = {
+        int(t): (int(u), int(v), models[i], float(loss), int(a))
+        for i, (t, u, v, loss, a) in enumerate(zip(*(saved[k] for k in names), strict=True))
+    }
+    bases = saved["bases"]
+    return held, {int(v): bases[i] for i, v in enumerate(saved["base_versions"])}
 
 
 def damaged(path: Path, err: BaseException) -> ConfigError:
@@ -134,6 +159,7 @@ class RunStore:
                 "rows": checkpoint.rows,
                 "wall_seconds": checkpoint.wall_seconds,
                 "accuracy": checkpoint.accuracy,
+                "schedule": checkpoint.schedule,
             }
         )
 
@@ -145,6 +171,9 @@ class RunStore:
                 else np.zeros((0, 0), np.float32)
             )
             server = checkpoint.server
+            tasks = sorted(checkpoint.held)
+            held = [checkpoint.held[t] for t in tasks]
+            versions = sorted(checkpoint.bases)
             with open(tmp, "wb") as file:  # a file object: np.savez would add ".npz"
                 np.savez(
                     file,
@@ -152,6 +181,14 @@ class RunStore:
                     meta=np.array(meta),
                     state_users=np.array(users, dtype=np.int64),
                     states=states,
+                    held_tasks=np.array(tasks, dtype=np.int64),
+                    held_users=np.array([h[0] for h in held], dtype=np.int64),
+                    held_versions=np.array([h[1] for h in held], dtype=np.int64),
+                    held_models=_stacked([h[2] for h in held]),
+                    held_losses=np.array([h[3] for h in held], dtype=np.float64),
+                    held_actors=np.array([h[4] for h in held], dtype=np.int64),
+                    base_versions=np.array(versions, dtype=np.int64),
+                    bases=_stacked([checkpoint.bases[v] for v in versions]),
                     **{f"{SERVER}{k}": v for k, v in server.optimizer.items()},
                     **{f"{EXTRA}{k}": v for k, v in server.extra.items()},
                 )
@@ -186,6 +223,8 @@ class RunStore:
                     meta["wall_seconds"],
                     accuracy,
                     {int(u): stacked[i] for i, u in enumerate(users)},
+                    meta.get("schedule"),  # none before the simulated clock
+                    *_held(saved),
                 )
         except ConfigError:
             raise

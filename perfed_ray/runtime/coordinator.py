@@ -46,6 +46,7 @@ class Sums:
     bytes_received: int = 0
     diverged: list[int] = field(default_factory=list)  # users of actors that sent NaN/inf
     actor_seconds: float = 0.0  # the slowest actor's own time: the round's work, not transport
+    rebased: float = 0.0  # the weights of updates summed as updates, not models
     stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's, summed
 
     def add(self, part: UpdateSum, users: list[int]) -> None:
@@ -54,6 +55,7 @@ class Sums:
             self.diverged += users
         self.total += part.total
         self.weight += part.weight
+        self.rebased += part.rebased
         self.loss_sum += part.loss_sum
         self.bytes_received += part.total.nbytes
         self.actor_seconds = max(self.actor_seconds, part.seconds)
@@ -62,14 +64,48 @@ class Sums:
 
 
 Work = Callable[[int], float]  # a user's share of a round's local work (its steps)
-# A round of a span: (round, reporting, trained, the step on each user's model).
-RoundWork = tuple[int, list[int], list[int], "UserPostprocessor | None"]
 
 
-def _summed(reporting: list[int], trained: list[int]) -> set[int] | None:
-    """The users an actor's sum counts among those it trains: all (None) when the two
-    lists are the same users, else the reporting ones (every user trains each round)."""
-    return None if reporting == trained else set(reporting)
+@dataclass(frozen=True)
+class Batch:
+    """One server step's work, as the actors see it: the `users` train from the call's
+    model (for round k's streams); with `tasks` None (a synchronous round) the
+    `reporting` ones among them (None: all) are summed at once, each model through
+    `postprocess` first; else their updates are held under their task ids, and the
+    held tasks `summed` (id, factor) are summed, as models or, with `rebase`, those
+    started from an older model as updates; `discard`, held ones thrown away."""
+
+    round: int
+    users: list[int]
+    tasks: list[int] | None = None
+    reporting: list[int] | None = None
+    summed: list[tuple[int, float]] = field(default_factory=list)
+    discard: list[int] = field(default_factory=list)
+    rebase: bool = False
+    postprocess: UserPostprocessor | None = None
+
+    def on(self, users: list[int], held: set[int]) -> Batch:
+        """The part of it for an actor that trains `users` and holds the tasks `held`."""
+        ids = None
+        if self.tasks is not None:  # in the order of `users`, which the actor trains
+            task_of = dict(zip(self.users, self.tasks, strict=True))
+            ids = [task_of[u] for u in users]
+        reporting = self.reporting
+        if reporting is not None and reporting != self.users:
+            summed = set(reporting)
+            reporting = [u for u in users if u in summed]
+        elif reporting is not None:
+            reporting = None  # the same users: all of them
+        return Batch(
+            self.round,
+            users,
+            ids,
+            reporting,
+            [(t, f) for t, f in self.summed if t in held],
+            [t for t in self.discard if t in held],
+            self.rebase,
+            self.postprocess,
+        )
 
 
 class Coordinator:
@@ -93,6 +129,7 @@ class Coordinator:
         self.work = work
         self.states = states
         self.returning: dict[ray.ObjectRef, int] = {}  # states on their way home -> host
+        self.holder: dict[int, int] = {}  # held updates' task ids -> the actor holding them
 
     def _by_actor(
         self, users: list[int], work: Work | None = None, balance: bool | None = None
@@ -133,62 +170,45 @@ class Coordinator:
             home = self.pool.actors[h].import_states
             self.returning[home.remote({u: states[u] for u in us}, round_)] = h
 
-    def train(
-        self,
-        round_: int,
-        weights: np.ndarray,
-        reporting: list[int],
-        trained: list[int],
-        postprocess: UserPostprocessor | None = None,
-    ) -> Sums:
-        """Local training of round k from `weights` by the `trained` users; the sum counts
-        the `reporting` ones, each user's model through `postprocess` first (if any)."""
+    def run(self, weights: np.ndarray, batches: list[Batch]) -> list[Sums]:
+        """Server steps' work from `weights` in one call to each actor that has some: one
+        step, whose users may be balanced over the actors (a user trained away from its
+        host takes its state along), or several (a span, for a server's model that never
+        moves), users on their hosts, where over several steps an actor's share evens
+        out and no state travels. A held update is summed by the actor that trained it.
+        A Sums a step."""
+        single = len(batches) == 1
         ref = ray.put(weights)
-        by_actor = self._by_actor(trained, self.work)
-        visits = self._visits(round_, by_actor) if self.states and self.balance else {}
-        summed = _summed(reporting, trained)
-        calls = {
-            a: (
-                ref,
-                us,
-                round_,
-                None if summed is None else [u for u in us if u in summed],
-                visits.get(a),
-                postprocess,
-            )
-            for a, us in by_actor.items()
-        }
-        sums = Sums(
-            np.zeros(weights.shape, dtype=np.float64), bytes_sent=weights.nbytes * len(calls)
-        )
-        for a, part in self.pool.gather(round_, "train", calls):
-            sums.add(part, by_actor[a])
-            if part.guests:
-                self._send_home(round_, part.guests)
+        parts: dict[int, list[tuple[int, Batch]]] = {}
+        visits: dict[int, list[ray.ObjectRef]] = {}
+        for i, batch in enumerate(batches):
+            if single:
+                by_actor = self._by_actor(batch.users, self.work)
+                if self.states and self.balance:
+                    visits = self._visits(batch.round, by_actor)
+            else:
+                by_actor = hosted(batch.users, self.host_of)
+            task_of = dict(zip(batch.users, batch.tasks or [], strict=False))
+            for a, us in by_actor.items():
+                self.holder.update({task_of[u]: a for u in us if u in task_of})
+            holds: dict[int, set[int]] = {}
+            for t in [*(t for t, _ in batch.summed), *batch.discard]:
+                holds.setdefault(self.holder.pop(t), set()).add(t)
+            for a in sorted(set(by_actor) | set(holds)):
+                part = batch.on(by_actor.get(a, []), holds.get(a, set()))
+                parts.setdefault(a, []).append((i, part))
+        if not visits:
+            self._settle(batches[0].round)
+        sums = [Sums(np.zeros(weights.shape, dtype=np.float64)) for _ in batches]
+        sums[0].bytes_sent = weights.nbytes * len(parts)  # sent once, for them all
+        calls = {a: (ref, [p for _, p in mine], visits.get(a)) for a, mine in parts.items()}
+        first, last = batches[0].round, batches[-1].round
+        for a, answers in self.pool.gather(first, "work", calls, last=last):
+            for (i, part), answer in zip(parts[a], answers, strict=True):
+                sums[i].add(answer, part.users)
+                if answer.guests:
+                    self._send_home(part.round, answer.guests)
         return sums
-
-    def train_rounds(self, weights: np.ndarray, rounds: list[RoundWork]) -> list[Sums]:
-        """Several rounds' local work, (round, reporting, trained, postprocess) each as
-        `train` takes them, all from the same `weights` (a server's model that never
-        moves), in one call to each actor: a Sums a round. Users stay on their hosts:
-        over several rounds an actor's share of the work evens out, and no state has
-        to travel."""
-        first = rounds[0][0]
-        self._settle(first)
-        ref = ray.put(weights)
-        plans: dict[int, list[tuple]] = {}
-        for round_, reporting, trained, postprocess in rounds:
-            summed = _summed(reporting, trained)
-            for a, us in hosted(trained, self.host_of).items():
-                aggregated = None if summed is None else [u for u in us if u in summed]
-                plans.setdefault(a, []).append((round_, us, aggregated, postprocess))
-        sums = {r: Sums(np.zeros(weights.shape, dtype=np.float64)) for r, *_ in rounds}
-        sums[first].bytes_sent = weights.nbytes * len(plans)  # sent once, for them all
-        calls = {a: (ref, plan) for a, plan in plans.items()}
-        for a, parts in self.pool.gather(first, "train_rounds", calls, last=rounds[-1][0]):
-            for (round_, us, *_), part in zip(plans[a], parts, strict=True):
-                sums[round_].add(part, us)
-        return [sums[r] for r, *_ in rounds]
 
     def evaluate(self, round_: int, weights: np.ndarray, users: list[int], draws: int) -> pa.Table:
         """The users' personalised scores from `weights`, each computed on the actor that
@@ -198,6 +218,35 @@ class Coordinator:
         calls = {a: (ref, us, round_, draws) for a, us in by_actor.items()}
         scores = dict(self.pool.gather(round_, "evaluate", calls))
         return pa.concat_tables([scores[a] for a in sorted(scores)])
+
+    def held(self, round_: int) -> tuple[dict[int, tuple], dict[int, np.ndarray]]:
+        """The updates the actors hold (task id -> (user, version, model, loss, the actor
+        holding it)) and the models they started from (version -> weights), for a
+        checkpoint; no call where none is held."""
+        held: dict[int, tuple] = {}
+        bases: dict[int, np.ndarray] = {}
+        actors = sorted(set(self.holder.values()))
+        for a, (mine, started) in self.pool.gather(round_, "held", dict.fromkeys(actors, ())):
+            held.update({t: (*update, a) for t, update in mine.items()})
+            bases.update(started)
+        return held, bases
+
+    def hold(self, held: dict[int, tuple], bases: dict[int, np.ndarray]) -> None:
+        """Give held updates back to the actors (a resumed run's, from its checkpoint),
+        each to the actor that held it (its sums are grouped as they were), with the
+        models they started from."""
+        by_actor: dict[int, dict[int, tuple]] = {}
+        for task, (*update, a) in held.items():
+            by_actor.setdefault(a, {})[task] = tuple(update)
+            self.holder[task] = a
+        ray.get(
+            [
+                self.pool.actors[a].hold.remote(
+                    mine, {v: bases[v] for v in {u[1] for u in mine.values()}}
+                )
+                for a, mine in by_actor.items()
+            ]
+        )
 
     def user_states(self, round_: int) -> dict:
         """Every user's per-user state, fetched from the actors that keep it (none, and

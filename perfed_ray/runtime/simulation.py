@@ -34,6 +34,7 @@ from ray.util.placement_group import PlacementGroup
 
 from perfed_ray import timeline
 from perfed_ray.algorithms.base import keeps_user_state
+from perfed_ray.clock import Timing
 from perfed_ray.config import RunConfig, revise
 from perfed_ray.data import (
     DataArrays,
@@ -56,7 +57,7 @@ from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
-from perfed_ray.runtime.coordinator import Coordinator
+from perfed_ray.runtime.coordinator import Batch, Coordinator
 from perfed_ray.runtime.execution import resolve_execution
 from perfed_ray.runtime.launch import actor_factory
 from perfed_ray.runtime.placement import (
@@ -108,13 +109,17 @@ class Prepared:
             cfg.data_folder,
         )
 
-    def train_sizes(self) -> np.ndarray:
-        """Every user's training-sample count (before any validation hold-out), on the
-        driver: what `sampling: samples` draws users in proportion to."""
+    def train_size(self, user: int) -> int:
+        """A user's training-sample count (before any validation hold-out), on the
+        driver: what a task's local work is counted in (:class:`~perfed_ray.clock.Timing`)."""
         if self.users is None:
-            seed = self.cfg.seed
-            return np.array([train_size(seed, u) for u in range(self.cfg.n_users)])
-        return np.array([len(u.train) for u in self.users])
+            return train_size(self.cfg.seed, user)
+        return len(self.users[user].train)
+
+    def train_sizes(self) -> np.ndarray:
+        """Every user's training-sample count: what `sampling: samples` draws users in
+        proportion to."""
+        return np.array([self.train_size(u) for u in range(self.cfg.n_users)])
 
 
 def prepare(cfg: RunConfig) -> Prepared:
@@ -297,6 +302,7 @@ def run(
     strategy = policy(hparams, prepared.train_sizes()) if sized else policy(hparams)
     initial = strategy.init(template)
     stateful = keeps_user_state(strategy.algorithm, template)
+    timing = Timing(cfg, prepared.train_size, initial.weights.nbytes)
     rollbacks = RollBacks(cfg.actor_retries, store, writer)
     work = round_work(prepared) if cfg.balance_rounds else None
     incarnations = share = bound = None
@@ -309,7 +315,8 @@ def run(
                 actor_factory(prepared, placement, checkpoint, group),
                 cfg.actor_retries,
                 writer.add,
-                replaceable=not stateful,
+                # Held updates are state too: an asynchronous server's run rolls back.
+                replaceable=not (stateful or strategy.asynchronous),
                 incarnations=incarnations,
                 request=request,
             )
@@ -320,6 +327,8 @@ def run(
                 initial,
                 writer,
                 store,
+                timing,
+                Batch,
                 on_progress,
                 checkpoint,
                 placed.clock,
