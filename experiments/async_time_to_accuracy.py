@@ -33,20 +33,17 @@ import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 from table1 import Cell, grid_options, run_grid
 
-from perfed_ray.analysis import read_runs, read_table
+from perfed_ray.analysis import TARGETS, read_runs, read_table, summary
 from perfed_ray.markdown import table
+from perfed_ray.report.curves import plot as plot_curves
+from perfed_ray.report.curves import run_curves
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "configs" / "async" / "mnist.yaml"
 COHORT = 20  # the configuration's users a synchronous round: FedBuff's K
-TARGETS = (0.8, 0.9)
 STRATEGIES = {
     "synchronous": (),
     "overcommit 1.3": ("overcommit=1.3",),
@@ -97,77 +94,59 @@ def strategy_of(run: pd.Series) -> str:
     return "synchronous" if run["overcommit"] == 1 else f"overcommit {run['overcommit']:g}"
 
 
-def curves(out: Path) -> pd.DataFrame:
-    """Each finished run's accuracy after personalisation at each evaluation (the mean
-    over users of each user's mean over draws) against simulated hours."""
+def finished(out: Path) -> pd.DataFrame:
+    """The finished runs with their summaries (perfed_ray.analysis.summary: final
+    accuracy, simulated seconds covered and to each target) and their grid cell."""
     runs = read_runs(out)
-    runs = runs[runs["status"] == "finished"].set_index("run_id")
-    evals = read_table(out, "evals")
-    evals = evals[evals["run_id"].isin(runs.index) & ~evals["unseen"]]
-    per_user = evals.groupby(["run_id", "final", "round", "user"], as_index=False).agg(
-        acc=("acc_after", "mean"), sim_time=("sim_time", "first")
-    )
-    points = per_user.groupby(["run_id", "final", "round"], as_index=False).agg(
-        accuracy=("acc", "mean"), sim_time=("sim_time", "first")
-    )
-    points["hours"] = points["sim_time"] / 3600
-    points["method"] = runs.loc[points["run_id"], "algorithm"].to_numpy()
-    points["strategy"] = [strategy_of(runs.loc[r]) for r in points["run_id"]]
-    points["seed"] = runs.loc[points["run_id"], "seed"].to_numpy()
-    return points.sort_values(["run_id", "final", "round"])
+    runs = runs[runs["status"] == "finished"]
+    figures = ["run_id", "accuracy", "sim_time", *(f"time_to_{100 * t:.0f}" for t in TARGETS)]
+    runs = runs.merge(summary(out)[figures], on="run_id")
+    return runs.assign(cell=[(r["algorithm"], strategy_of(r)) for _, r in runs.iterrows()])
 
 
-def hours_to(points: pd.DataFrame, target: float) -> float | None:
-    """Simulated hours of a run's first evaluation at or above `target`, None if none."""
-    reached = points[points["accuracy"] >= target]
-    return float(reached["hours"].min()) if len(reached) else None
-
-
-def summary(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per method and strategy, in the grid's order: hours to each target
-    (mean over the seeds that reach it, and how many of them do) and final accuracy."""
+def table_of(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per method and strategy, in the grid's order: simulated hours to each
+    target (the mean over the seeds that reach it, and how many of them do), final
+    accuracy and the simulated hours the runs covered, means over seeds."""
     rows = []
     for method, strategy in GRID:
-        mine = points[(points["method"] == method) & (points["strategy"] == strategy)]
-        runs = [run for _, run in mine.groupby("run_id")]
-        if not runs:
+        mine = runs[runs["cell"] == (method, strategy)]
+        if mine.empty:
             continue
-        row = {"method": method, "strategy": strategy, "seeds": len(runs)}
+        row = {"method": method, "strategy": strategy, "seeds": len(mine)}
         for target in TARGETS:
-            reached = [h for h in (hours_to(r, target) for r in runs) if h is not None]
-            mean = f"{sum(reached) / len(reached):.1f}" if reached else "-"
-            row[f"hours to {target:.0%}"] = f"{mean} ({len(reached)}/{len(runs)})"
-        finals = [float(r.loc[r["final"], "accuracy"].iloc[0]) for r in runs]
-        row["final accuracy (%)"] = f"{100 * sum(finals) / len(finals):.2f}"
-        row["final hours"] = f"{sum(float(r['hours'].max()) for r in runs) / len(runs):.1f}"
+            hours = mine[f"time_to_{100 * target:.0f}"].dropna() / 3600
+            mean = f"{hours.mean():.2f}" if len(hours) else "-"
+            row[f"hours to {target:.0%}"] = f"{mean} ({len(hours)}/{len(mine)})"
+        row["final accuracy (%)"] = f"{100 * mine['accuracy'].mean():.2f}"
+        row["final hours"] = f"{mine['sim_time'].mean() / 3600:.2f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def write(out: Path) -> list[Path]:
-    """The report's table and plot under OUT/report."""
-    points = curves(out)
+    """The report's table (OUT/report/async.md) and its curves against round, training
+    seconds and simulated hours (OUT/report/async.png, perfed_ray.report.curves')."""
     folder = out / "report"
     folder.mkdir(parents=True, exist_ok=True)
-    frame = summary(points)
-    text = (
+    runs = finished(out)
+    frame = table_of(runs)
+    report = folder / "async.md"
+    report.write_text(
         "# Time to accuracy on the simulated clock\n\n"
         "Made by `python experiments/async_time_to_accuracy.py`. Hours are simulated; "
         "accuracy is the mean over users after personalisation; in brackets, the seeds "
-        "that reached the target.\n\n" + table(frame.columns, frame.itertuples(index=False))
+        "that reached the target.\n\n" + table(frame.columns, frame.itertuples(index=False)) + "\n"
     )
-    report = folder / "async.md"
-    report.write_text(text + "\n")
-    figure, axes = plt.subplots(figsize=(8, 5))
-    for (method, strategy), mine in points[~points["final"]].groupby(["method", "strategy"]):
-        mean = mine.groupby("round")[["hours", "accuracy"]].mean()
-        axes.plot(mean["hours"], 100 * mean["accuracy"], label=f"{method}, {strategy}")
-    axes.set_xlabel("simulated hours")
-    axes.set_ylabel("personalised accuracy (%), mean over seeds")
-    axes.legend(fontsize="small")
+    evals, rounds = read_table(out, "evals"), read_table(out, "rounds")
+    curves = {}
+    for method, strategy in GRID:
+        ids = runs.loc[runs["cell"] == (method, strategy), "run_id"]
+        if len(ids):
+            mine = evals[evals["run_id"].isin(ids) & ~evals["final"]]
+            curves[f"{method}, {strategy}"] = run_curves(mine, rounds[rounds["run_id"].isin(ids)])
     plot = folder / "async.png"
-    figure.savefig(plot, dpi=120, bbox_inches="tight")
-    plt.close(figure)
+    plot_curves(curves, f"time to accuracy ({CONFIG.name})", plot)
     return [report, plot]
 
 

@@ -1,5 +1,5 @@
 """`perfed-ray`: run simulations and sweeps of them, summarise and report results, list
-configuration keys, convert FedScale's device traces.
+configuration keys.
 
 Exit status: 0 success; 2 bad input (configuration, sweep file, data, output folder,
 resume folder), reported in one line before Ray starts; 1 a run that failed or
