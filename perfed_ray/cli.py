@@ -350,6 +350,8 @@ def parser() -> argparse.ArgumentParser:
         "convert-fedscale",
         help="FedScale's pickled device traces as devices and availability tables "
         "(docs/guide/simulated-time.md)",
+        epilog="exit status: 0 the tables written; 2 a file missing, not in FedScale's "
+        "format, or holding more than plain data",
     )
     fedscale.add_argument("devices", help="FedScale's client_device_capacity pickle")
     fedscale.add_argument("behaviour", help="FedScale's client_behave_trace pickle")
