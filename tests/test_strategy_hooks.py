@@ -108,7 +108,7 @@ def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, 
         np.testing.assert_allclose(
             update, (plain.per_user[u] - w) * min(1.0, bound / norm), rtol=1e-4, atol=1e-7
         )
-    assert got.stats == {"unclipped": float((norms <= bound).sum())}
+    assert got.stats == {"unclipped_centred": float((norms <= bound).sum()) - len(reporting) / 2}
 
 
 def _template(cfg):

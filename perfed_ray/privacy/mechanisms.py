@@ -12,12 +12,19 @@ local; the settings in the `privacy` section).
   assumes. With `privacy.adaptive_clip` the bound follows a target quantile of the
   users' update norms (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private
   Learning with Adaptive Clipping", NeurIPS 2021): each user also reports whether the
-  bound left its update alone, the server adds Gaussian noise of deviation
-  `privacy.count_noise` to that count and moves the bound geometrically,
-  ``C <- C * exp(-clip_learning_rate * (noisy fraction - target_quantile))``; the
-  count's privacy is paid from the same budget by the update's larger noise,
-  ``z_update = (z^-2 - (2 count_noise)^-2)^-1/2`` (their Theorem 1), so the accountant
-  sees one Gaussian of multiplier z per round.
+  bound left its update alone (b_i in {0, 1}), counted centred as b_i - 1/2, so that
+  one user moves the count by at most 1/2; the server adds Gaussian noise of deviation
+  `privacy.count_noise` to that sum and half the expected cohort back, and moves the
+  bound geometrically,
+  ``C <- C * exp(-clip_learning_rate * (noisy count / expected cohort - target_quantile))``.
+  The count's privacy is paid from the same budget by the update's larger noise,
+  ``z_update = (z^-2 - (2 count_noise)^-2)^-1/2`` (their Theorem 1, whose factor 2 is
+  the count's sensitivity 1/2), so the accountant sees one Gaussian of multiplier z per
+  round: the update sum (sensitivity clip, noise z_update clip) and the count
+  (sensitivity 1/2, noise count_noise) are together one Gaussian mechanism of
+  multiplier (z_update^-2 + (2 count_noise)^-2)^-1/2 = z. A raw count of b_i would
+  have sensitivity 1 under Poisson sampling's add-or-remove neighbours and spend more
+  than accounted.
 - `local`: each user clips its update and adds its own Gaussian noise of deviation
   ``noise_multiplier * clip`` before the update leaves it; the server averages what
   arrives. The baseline that trusts no server.
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
     from perfed_ray.postprocess import UserPostprocessor
 
 CLIP = "privacy.clip"  # the adaptive bound's key in ServerState.extra
+UNCLIPPED = "unclipped_centred"  # adaptive clipping's statistic (clipping.ClipUpdates)
 
 SETTINGS: dict[str, Setting] = {
     "epsilon": Setting(
@@ -331,7 +339,13 @@ class CentralGaussian(_Gaussian):
         summed = total - weight * server + noise * shared
         moved = {}
         if self.settings_["adaptive_clip"]:
-            count = stats.get("unclipped", 0.0) + rng.normal(0.0, _count_noise(self.hparams))
+            # Round k's noisy count of unclipped users: the users' centred sum (each
+            # b_i - 1/2, sensitivity 1/2: see ClipUpdates), its noise, and half the
+            # expected cohort added back (public, as tensorflow-privacy's quantile
+            # estimator adds 0.5 to the fraction), never half of those who reported,
+            # whose number Poisson sampling keeps private.
+            centred = stats.get(UNCLIPPED, 0.0) + rng.normal(0.0, _count_noise(self.hparams))
+            count = centred + expected / 2
             step = self.settings_["clip_learning_rate"]
             quantile = self.settings_["target_quantile"]
             moved[CLIP] = np.array([bound * math.exp(-step * (count / expected - quantile))])
