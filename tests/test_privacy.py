@@ -104,9 +104,8 @@ def _strategy(**privacy) -> Strategy:
 
 def _release(s: Strategy, round_: int, state: ServerState, total, weight, stats=None):
     """The strategy's mechanism's release of round k from `state` and the users' sum."""
-    extra = state.extra
     return s.privacy.release(
-        round_, state.weights, extra, total, weight, stats or {}, s._shared_mask
+        round_, state.weights, state.privacy, total, weight, stats or {}, s._shared_mask
     )
 
 
@@ -167,12 +166,12 @@ def test_adaptive_clipping_moves_the_bound_by_andrew_et_als_geometric_rule():
         count_noise=2.0,
     )
     state = s.init(_template())
-    assert state.extra[CLIP].tolist() == [1.0]
+    assert state.privacy[CLIP].tolist() == [1.0]
     server, models = _models(3, np.array([0.01, 0.02, 5.0], dtype=np.float32), seed=3)
     step = s.postprocess_users(1, state)
     total, stats = _sum_of(step, server, models)
     state = ServerState(
-        np.concatenate([v.flatten().numpy() for v in server.values()]), {}, state.extra
+        np.concatenate([v.flatten().numpy() for v in server.values()]), privacy=state.privacy
     )
     fractions = np.array(
         [
@@ -233,7 +232,7 @@ def _noise_multiplier_spent(sampling: str) -> tuple[float, float]:
         cohorts = (np.vstack([others, cut]), np.vstack([others, whole]))
     step = s.postprocess_users(1, s.init(template))
     state = s.init(template)
-    state = ServerState(weights, {}, state.extra)
+    state = ServerState(weights, privacy=state.privacy)
 
     def release(updates: np.ndarray, round_: int) -> tuple[np.ndarray, float]:
         models = {"w": server["w"] + torch.tensor(updates, dtype=torch.float32)}
@@ -384,7 +383,7 @@ def test_state_extra_survives_as_the_checkpoint_keeps_it():
     new = s.aggregate(
         1, state, np.tile(state.weights, 10).reshape(10, -1).sum(0), 10.0, stats={"unclipped": 10.0}
     )
-    assert isinstance(new, ServerState) and new.extra[CLIP][0] < 1.0
+    assert isinstance(new, ServerState) and new.privacy[CLIP][0] < 1.0
 
 
 def test_with_per_layer_clipping_a_user_is_unclipped_only_if_no_tensor_was():
@@ -408,3 +407,34 @@ def test_a_strategy_that_weighs_users_itself_is_refused_under_privacy(tmp_path, 
     from_mapping(values)  # without privacy, its own weights are its business
     with pytest.raises(ConfigError, match=r"keep Strategy\.weight under privacy"):
         from_mapping({**values, "privacy": "central"})
+
+
+@pytest.mark.slow  # CIFAR-10 and its CNN on a real actor: about 10 s
+def test_a_small_bound_holds_to_rounding_of_the_update_on_the_cifar_cnn(ray_session):
+    """Clip 0.05 on the CIFAR CNN's 0.6M weights: each user's contribution to the
+    actor's sum (the sum of one user's model, less the server's) is its clipped update
+    to a relative 1e-6 of the bound, and so within it. A float32 model, w + u rounded,
+    carried the update only to an ulp of |w| per weight, beyond 1e-6 of such a bound."""
+    from perfed_ray.models import initial_model, params_of
+    from perfed_ray.runtime import simulation
+    from perfed_ray.runtime.placement import Placement
+
+    clip = 0.05
+    values = {"dataset": "cifar10", "model": "cnn", "n_users": 2, "fraction": 1.0}
+    cfg = from_mapping({**values, "tau": 2, "beta": 1.0, "batch_size": 8, "users_per_actor": 2})
+    prepared = simulation.prepare(cfg)
+    actor = simulation.actor_factory(prepared, Placement([range(2)], 1.0, 0.0))(0, 0)
+    w = simulation.initial_weights(cfg, prepared.source([0]))
+    template = params_of(initial_model(cfg, prepared.source([])))
+    step = ClipUpdates(clip, Strategy(cfg).algorithm.shared(template), False, False)
+    w64 = w.astype(np.float64)
+    for u in (0, 1):
+        plain = ray_session.get(actor.train.remote(w, [u], 1, per_user=True)).per_user[u]
+        update = plain.astype(np.float64) - w64
+        assert np.linalg.norm(update) > 2 * clip  # clipped: the bound is what it keeps
+        exact = update * clip / np.linalg.norm(update)
+        one = ray_session.get(actor.train.remote(w, [u], 1, postprocess=step))
+        contribution = one.total - w64
+        assert np.linalg.norm(contribution - exact) <= 1e-6 * clip
+        assert np.linalg.norm(contribution) <= clip * (1 + 1e-6)
+    ray_session.kill(actor)

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig
     from perfed_ray.postprocess import UserPostprocessor
 
-CLIP = "privacy.clip"  # the adaptive bound's key in ServerState.extra
+CLIP = "clip"  # the adaptive bound's key in ServerState.privacy
 UNCLIPPED = "unclipped_centred"  # adaptive clipping's statistic (clipping.ClipUpdates)
 
 SETTINGS: dict[str, Setting] = {
@@ -178,30 +178,32 @@ class NoPrivacy:
         return None
 
     def init(self) -> dict[str, np.ndarray]:
-        """The mechanism's part of the server state before round 1 (ServerState.extra)."""
+        """The mechanism's state before round 1 (ServerState.privacy)."""
         return {}
 
     def user_step(
-        self, round_: int, extra: Mapping[str, np.ndarray], shared: tuple[str, ...]
+        self, round_: int, state: Mapping[str, np.ndarray], shared: tuple[str, ...]
     ) -> UserPostprocessor | None:
         """What each actor does to round k's reporting users' models before summing,
-        given the server state's `extra` (the mechanism's part of it)."""
+        given the mechanism's state (`ServerState.privacy`)."""
         return None
 
     def release(
         self,
         round_: int,
         weights: np.ndarray,
-        extra: Mapping[str, np.ndarray],
+        state: Mapping[str, np.ndarray],
         total: np.ndarray,
         weight: float,
         stats: dict[str, float],
         shared: np.ndarray,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Round k's aggregate (a model: the server's `weights` plus the users' mean
-        update) from the weighted sum `total` of the reporting users' models (weights adding up to
-        `weight`), and the mechanism's new part of the server state. `shared` marks the
-        flat vector's entries that users share."""
+        update) from the weighted sum `total` of the reporting users' models (weights
+        adding up to `weight`), and what the mechanism's state gains. The server's first
+        step on the sum, and the one place the mechanism's noise is added on the driver
+        (central DP's; local DP's is each user's own, in its step on the actor). `shared`
+        marks the flat vector's entries that users share."""
         return (total / weight).astype(np.float32), {}
 
     def epsilon(self, rounds_done: int) -> float:
@@ -281,11 +283,16 @@ class _Gaussian(NoPrivacy):
             return 0.0
         return float(self._epsilons[rounds_done - 1])
 
-    def bound(self, extra: Mapping[str, np.ndarray]) -> float:
-        """The clipping bound of the round whose server state holds `extra`."""
-        if CLIP in extra:
-            return float(extra[CLIP][0])
-        return float(self.settings_["clip"])
+    def bound(self, state: Mapping[str, np.ndarray]) -> float:
+        """The clipping bound of the round whose mechanism's state is `state`."""
+        if not self.settings_["adaptive_clip"]:
+            return float(self.settings_["clip"])
+        if CLIP not in state:  # a checkpoint from before ServerState.privacy held it
+            raise ConfigError(
+                "privacy.adaptive_clip: the server state holds no adaptive bound "
+                "(ServerState.privacy); start the run again"
+            )
+        return float(state[CLIP][0])
 
 
 class CentralGaussian(_Gaussian):
@@ -311,16 +318,16 @@ class CentralGaussian(_Gaussian):
                 )
 
     def init(self) -> dict[str, np.ndarray]:
-        extra = super().init()
+        state = super().init()
         if not self.settings_["adaptive_clip"]:
-            return extra
-        return {**extra, CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
+            return state
+        return {**state, CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
 
-    def user_step(self, round_, extra, shared):
+    def user_step(self, round_, state, shared):
         from perfed_ray.privacy.clipping import ClipUpdates
 
         adaptive = self.settings_["adaptive_clip"]
-        return ClipUpdates(self.bound(extra), shared, self.settings_["per_layer"], adaptive)
+        return ClipUpdates(self.bound(state), shared, self.settings_["per_layer"], adaptive)
 
     def update_noise(self) -> float:
         """The update's noise multiplier: z, or with adaptive clipping what z leaves
@@ -330,9 +337,9 @@ class CentralGaussian(_Gaussian):
             return z
         return (z**-2 - (2 * _count_noise(self.hparams)) ** -2) ** -0.5
 
-    def release(self, round_, weights, extra, total, weight, stats, shared):
+    def release(self, round_, weights, state, total, weight, stats, shared):
         server = weights.astype(np.float64)
-        bound = self.bound(extra)
+        bound = self.bound(state)
         expected = self.hparams.expected_cohort
         rng = numpy_rng(self.hparams.seed, Stream.CENTRAL_NOISE, round_)
         noise = rng.standard_normal(server.shape) * (self.update_noise() * bound)
@@ -366,10 +373,10 @@ class LocalGaussian(_Gaussian):
                 "the bound from a noised count); with privacy: local set privacy.clip"
             )
 
-    def user_step(self, round_, extra, shared):
+    def user_step(self, round_, state, shared):
         from perfed_ray.privacy.clipping import NoisyUpdates
 
-        bound = self.bound(extra)
+        bound = self.bound(state)
         std = self.noise_multiplier * bound
         per_layer = self.settings_["per_layer"]
         return NoisyUpdates(bound, shared, per_layer, std, self.hparams.seed, round_)

@@ -185,8 +185,7 @@ class UserActor:
             users = [u for u in users if u in summed]
         stats = {}
         if postprocess is not None:
-            stats = postprocess.statistics(start, models, users)
-            models = postprocess(start, models, users)
+            models, stats = postprocess.apply(start, models, users)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         # The sum is taken in float64 in user order, one leaf at a time, before flattening.
         if all(w == 1.0 for w in weights_):
