@@ -314,6 +314,11 @@ class Strategy:
         (infinite without differential privacy: nothing is guaranteed)."""
         return self.privacy.epsilon(rounds_done)
 
+    def divergence_advice(self) -> str:
+        """What to change first when training diverges, before the step sizes: the
+        privacy mechanism's noise and clip, where there is one."""
+        return self.privacy.divergence_advice()
+
     def server_rule(self, weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
         """The target the server optimiser moves w_k towards: the method's
         `server_update` of the aggregate (Algorithm 1: the aggregate itself, with no

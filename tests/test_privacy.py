@@ -97,8 +97,10 @@ def test_local_noise_is_each_users_own_whoever_it_is_summed_with():
     assert abs(float(drawn.std()) - 2.0) < 0.05 and abs(float(drawn.mean())) < 0.05
 
 
-def _strategy(**privacy) -> Strategy:
-    values = {**BASE, "privacy": "central", **{f"privacy.{k}": v for k, v in privacy.items()}}
+def _strategy(core: dict | None = None, **privacy) -> Strategy:
+    """A central-DP strategy of BASE with `core` keys and these privacy settings."""
+    values = {**BASE, **(core or {}), "privacy": "central"}
+    values.update({f"privacy.{k}": v for k, v in privacy.items()})
     return Strategy(resolve(from_mapping(values)))
 
 
@@ -113,26 +115,57 @@ def _template() -> dict:
     return {k: torch.zeros(s) for k, s in SHAPES.items()}
 
 
-def test_the_central_release_is_dp_fedavgs_noised_sum_over_the_expected_cohort():
-    """With no noise the release is w + (sum of clipped updates) / m for any number who
-    reported; with noise, the release minus that has deviation z * clip / m."""
-    quiet = _strategy(noise_multiplier=0.0, clip=1.0)
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({}, 10.0),  # fixed: m = 0.25 x 40
+        ({"sampling": "poisson", "unseen_users": 0.25}, 7.5),  # q n of the 30 seen users
+    ],
+)
+def test_the_central_release_is_dp_fedavgs_noised_sum_over_the_expected_cohort(values, expected):
+    """From a server model far from zero: with no noise the release is w + (sum of
+    clipped updates) / m for any number who reported, m the expected cohort (fixed, or
+    Poisson's q times the seen users); with noise, the release minus that has deviation
+    z_update * C / m, C the adaptive bound the state holds (not privacy.clip) and
+    z_update what Andrew et al.'s Theorem 1 leaves of z after the count's noise."""
+    adaptive = {"adaptive_clip": True, "count_noise": 3.0, "clip": 1.0}
+    quiet = _strategy(values, noise_multiplier=0.0, **adaptive)
     state = quiet.init(_template())
-    d = state.weights.size
     rng = np.random.default_rng(0)
-    updates = rng.normal(size=(3, d)) * 0.1  # three of the m = 10 reported
-    total = (state.weights + updates).sum(0)
+    d = state.weights.size
+    state = ServerState(rng.normal(size=d).astype(np.float32) + 5, privacy={CLIP: np.array([0.5])})
+    updates = rng.normal(size=(3, d)) * 0.1  # three reported
+    total = (state.weights.astype(np.float64) + updates).sum(0)
     released = _release(quiet, 1, state, total, 3.0)[0]
-    np.testing.assert_allclose(released, updates.sum(0) / 10, rtol=1e-6, atol=1e-7)
+    w = state.weights.astype(np.float64)
+    np.testing.assert_allclose(released - w, updates.sum(0) / expected, rtol=1e-5, atol=1e-6)
     assert quiet.epsilon(1) == math.inf
 
-    noisy = _strategy(noise_multiplier=4.0, clip=0.5)
+    noisy = _strategy(values, noise_multiplier=4.0, **adaptive)
     noisy.init(_template())
-    draws = np.stack([_release(noisy, r, state, total, 3.0)[0] for r in range(1, 200)])
-    std = (draws - updates.sum(0) / 10).std()
-    assert abs(std - 4.0 * 0.5 / 10) < 0.01
+    draws = np.stack([_release(noisy, r, state, total, 3.0)[0] for r in range(1, 400)])
+    z_update = (4.0**-2 - (2 * 3.0) ** -2) ** -0.5
+    std = (draws - (w + updates.sum(0) / expected)).std()
+    assert std == pytest.approx(z_update * 0.5 / expected, rel=0.03)
     again = _release(noisy, 5, state, total, 3.0)[0]
     np.testing.assert_array_equal(again, draws[4])  # round 5's noise, drawn again
+
+
+def test_local_noise_is_z_times_the_clip_through_the_mechanism():
+    """privacy: local's step, as the strategy makes it for a round: each user's update
+    clipped to privacy.clip and noised with deviation noise_multiplier * clip."""
+    values = {**BASE, "privacy": "local", "privacy.noise_multiplier": 3.0, "privacy.clip": 0.2}
+    s = Strategy(resolve(from_mapping(values)))
+    template = {"w": torch.zeros(20000)}
+    state = s.init(template)
+    server = {"w": torch.full((20000,), 2.0)}
+    models = {"w": server["w"] + torch.zeros(2, 20000)}  # no update of their own
+    models["w"][1, 0] = 100.0  # one long update: clipped to 0.2 before the noise
+    out = s.postprocess_users(1, state)(server, models, [0, 1])
+    noise = (out["w"] - server["w"].double()).numpy()
+    assert noise[0].std() == pytest.approx(3.0 * 0.2, rel=0.02)
+    assert abs(noise[1, 0]) < 0.2 + 5 * 0.6  # 0.2 and its noise: clipped from 100
+    assert abs(noise[1, 1:].std() - 0.6) < 0.02
 
 
 def _fraction(s: Strategy, before: float, after: float) -> float:
@@ -377,13 +410,31 @@ def test_fedrep_under_dp_keeps_the_servers_head_where_it_started(ray_session, tm
     assert not np.allclose(saved[~head], w0[~head])
 
 
-def test_state_extra_survives_as_the_checkpoint_keeps_it():
+def test_the_adaptive_bound_survives_a_real_checkpoint(tmp_path):
+    """The bound after a round, in the mechanism's part of the server state, written to
+    a checkpoint file and read back, beside a strategy's own state."""
+    from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
+
     s = _strategy(noise_multiplier=0.0, adaptive_clip=True, count_noise=1e-9)
     state = s.init(_template())
     new = s.aggregate(
-        1, state, np.tile(state.weights, 10).reshape(10, -1).sum(0), 10.0, stats={"unclipped": 10.0}
+        1,
+        state,
+        np.tile(state.weights, 10).reshape(10, -1).sum(0),
+        10.0,
+        stats={UNCLIPPED: 10.0 - 5.0},
     )
-    assert isinstance(new, ServerState) and new.privacy[CLIP][0] < 1.0
+    new = ServerState(new.weights, new.optimizer, {"mine": np.ones(2)}, new.privacy)
+    assert new.privacy[CLIP][0] < 1.0  # every user unclipped: the bound shrank
+    store = RunStore(tmp_path, "r")
+    store.folder.mkdir(parents=True)
+    store.save(Checkpoint(1, new, {"rounds": 1}, 1.0, None, {}))
+    loaded = store.load().server
+    assert loaded.privacy[CLIP].tolist() == new.privacy[CLIP].tolist()
+    assert loaded.extra["mine"].tolist() == [1.0, 1.0]
+    np.testing.assert_array_equal(loaded.weights, new.weights)
+    resumed = s.postprocess_users(2, loaded)
+    assert resumed.bound == new.privacy[CLIP][0]
 
 
 def test_with_per_layer_clipping_a_user_is_unclipped_only_if_no_tensor_was():
@@ -438,3 +489,20 @@ def test_a_small_bound_holds_to_rounding_of_the_update_on_the_cifar_cnn(ray_sess
         assert np.linalg.norm(contribution - exact) <= 1e-6 * clip
         assert np.linalg.norm(contribution) <= clip * (1 + 1e-6)
     ray_session.kill(actor)
+
+
+@pytest.mark.slow  # a run that diverges, on the shared Ray
+def test_a_private_run_that_diverges_names_the_privacy_settings_first(ray_session, tmp_path):
+    from conftest import DIVERGES
+
+    from perfed_ray.runtime.rounds import Diverged
+
+    values = {**DIVERGES, "privacy": "local", "privacy.noise_multiplier": 5.0}
+    with pytest.raises(Diverged) as err:
+        perfed_ray.simulate({**values, "privacy.clip": 2.0}, tmp_path, progress=False)
+    advice = str(err.value).split("is the last good one; ")[1]
+    assert advice.startswith(
+        "first privacy = local's settings: its noise, of deviation privacy.noise_multiplier "
+        "5 x privacy.clip 2 on each user's update: lower privacy.clip or the noise"
+    )
+    assert advice.endswith("then lower beta or alpha")

@@ -210,6 +210,11 @@ class NoPrivacy:
         """The epsilon the run has spent after `rounds_done` rounds, at delta."""
         return math.inf
 
+    def divergence_advice(self) -> str:
+        """The settings of the mechanism a diverged run should look at first, as the
+        start of a sentence that goes on to the step sizes; none without privacy."""
+        return ""
+
 
 class _Gaussian(NoPrivacy):
     """What central and local DP share: their checks, the accountant's view of the run
@@ -282,6 +287,16 @@ class _Gaussian(NoPrivacy):
         if rounds_done == 0:
             return 0.0
         return float(self._epsilons[rounds_done - 1])
+
+    def divergence_advice(self) -> str:
+        where = "each user's update" if self.kind == "local" else "the sum of updates"
+        start = " (the start of the adaptive bound)" if self.settings_["adaptive_clip"] else ""
+        return (
+            f"first privacy = {self.kind}'s settings: its noise, of deviation "
+            f"privacy.noise_multiplier {self.noise_multiplier:.4g} x privacy.clip "
+            f"{self.settings_['clip']:g}{start} on {where}: lower privacy.clip or the "
+            f"noise (a larger privacy.epsilon); then "
+        )
 
     def bound(self, state: Mapping[str, np.ndarray]) -> float:
         """The clipping bound of the round whose mechanism's state is `state`."""

@@ -51,12 +51,12 @@ def span_of(cfg: RunConfig, round_: int, length: int) -> list[int]:
 class Diverged(RuntimeError):
     """Local training produced NaN or infinite weights or losses."""
 
-    def __init__(self, round_: int, users: list[int]) -> None:
+    def __init__(self, round_: int, users: list[int], first: str = "") -> None:
         shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
         super().__init__(
             f"training diverged in round {round_}: NaN or infinite weights or "
             f"losses from users {shown} (actors holding them); the global model "
-            f"of round {round_ - 1} is the last good one; lower beta or alpha"
+            f"of round {round_ - 1} is the last good one; {first}lower beta or alpha"
         )
         self.round = round_
         self.users = users
@@ -127,7 +127,7 @@ class Rounds:
         k's row: `start` is when its clock started, `train` its seconds out to the
         actors and back."""
         if sums.diverged:
-            raise Diverged(round_, sorted(sums.diverged))
+            raise Diverged(round_, sorted(sums.diverged), self.strategy.divergence_advice())
         n = len(plan.reporting)
         gathered = time.perf_counter()
         if n or self.strategy.releases_empty:
