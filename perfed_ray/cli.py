@@ -174,6 +174,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"\nbest by validation accuracy, per {', '.join(sweep.search)}:")
         print(picks.to_string(index=False))
         print(f"(also in {runner.write_best(folder, picks)})")
+    note = sweep.privacy_note()
+    if note:
+        print(f"\n{note}")
     if outcome.errors:
         for run_id, error in outcome.errors.items():
             print(f"error: trial {run_id} failed: {error}", file=sys.stderr)

@@ -11,11 +11,13 @@ its ``configure_fit``, `aggregate` its ``aggregate_fit``, `evaluated` its
 ``configure_evaluate``. The server's state is explicit, as in FedJAX's
 ``FederatedAlgorithm`` (fedjax/core/federated_algorithm.py, fedjax/algorithms/
 fed_avg.py): `init` makes the :class:`ServerState` before round 1 and `aggregate`
-returns the next one, which the checkpoint saves and restores whole. Two
-post-processing steps are where clipping and noise plug in (pfl-research's
-postprocessors; Flower's differential-privacy wrappers): one on each reporting user's
-model, on the actor (`postprocess_users`), one on the aggregate, on the driver
-(`postprocess_aggregate`).
+returns the next one, which the checkpoint saves and restores whole. Post-processing
+is one ordered chain, as pfl-research's postprocessors are: on each reporting user's
+model, on the actor, the strategy's own steps (`user_steps`) and then the privacy
+mechanism's clipping (and local noise), last; on the driver, the mechanism's release
+(its noise: the one place noise is added) and then the strategy's own step on the
+aggregate (`postprocess_aggregate`). A strategy adds steps; the mechanism's keep their
+place, and its state its own field of the server state (`ServerState.privacy`).
 
 Every draw comes from a stream keyed by the round (:mod:`perfed_ray.seeding`), so a
 resumed or replayed round samples the same users.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -40,7 +42,7 @@ from perfed_ray.config.owners import HParams
 from perfed_ray.errors import ConfigError
 from perfed_ray.models import FlatParams
 from perfed_ray.optimizers.server import ServerOptimizer
-from perfed_ray.postprocess import UserPostprocessor
+from perfed_ray.postprocess import UserPostprocessor, chain
 from perfed_ray.privacy.mechanisms import NoPrivacy
 from perfed_ray.registry import PRIVACY, SERVER_OPTIMIZERS
 from perfed_ray.seeding import Stream, numpy_rng
@@ -50,13 +52,16 @@ from perfed_ray.seeding import Stream, numpy_rng
 class ServerState:
     """Everything the server keeps from one round to the next, and all a checkpoint
     needs of it: the global model w_k as the flat float32 vector that travels, the
-    server optimiser's state (FedAdam's moments; empty for `mean`), and whatever else a
-    strategy keeps (`extra`, arrays by name: a subclass's own, saved alike). A step
-    returns a new state rather than changing this one."""
+    server optimiser's state (FedAdam's moments; empty for `mean`), whatever else a
+    strategy keeps (`extra`, arrays by name: a subclass's own, saved alike) and the
+    privacy mechanism's (`privacy`: adaptive clipping's bound), apart from `extra` so
+    that a strategy that sets its own cannot drop it. A step returns a new state
+    rather than changing this one."""
 
     weights: np.ndarray
     optimizer: Mapping[str, np.ndarray] = field(default_factory=dict)
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+    privacy: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 def draw_online(
@@ -189,6 +194,16 @@ class Strategy:
     # the actors hold updates between calls, and privacy's one-cohort-a-step
     # accounting does not apply).
     asynchronous: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a subclass that replaces the round's chain of user steps: it would drop
+        the privacy mechanism's clipping while the run still reported an epsilon."""
+        super().__init_subclass__(**kwargs)
+        if "postprocess_users" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} overrides Strategy.postprocess_users, the round's chain with "
+                f"the privacy mechanism's steps: add steps of its own in user_steps instead"
+            )
 
     def __init__(
         self, hparams: StrategyHParams | RunConfig, sizes: np.ndarray | None = None
@@ -375,7 +390,7 @@ class Strategy:
         self._shared_mask = self.layout.flatten(
             {k: torch.full(v.shape, float(k in self.shared)) for k, v in template.items()}
         ).astype(np.float64)
-        return ServerState(weights, self.optimizer.init(weights), self.privacy.init())
+        return ServerState(weights, self.optimizer.init(weights), privacy=self.privacy.init())
 
     def aggregate(
         self,
@@ -387,11 +402,18 @@ class Strategy:
     ) -> ServerState:
         """The state after round k from the state before it and the weighted sum
         `total` of the reporting users' models (their weights add up to `weight`;
-        `stats`, what the users' postprocessor counted): w_{k+1} from their mean, or the
-        privacy mechanism's release, post-processed, through the method's server rule
-        and the server optimiser's step."""
-        released, extra = self.privacy.release(
-            round_, state.weights, state.extra, total, weight, dict(stats or {}), self._shared_mask
+        `stats`, what the users' postprocessors counted): w_{k+1} from their mean, or
+        the privacy mechanism's release (with its noise), then the strategy's
+        `postprocess_aggregate`, the method's server rule and the server optimiser's
+        step."""
+        released, moved = self.privacy.release(
+            round_,
+            state.weights,
+            state.privacy,
+            total,
+            weight,
+            dict(stats or {}),
+            self._shared_mask,
         )
         mean = self.postprocess_aggregate(round_, state, released)
         target = self.server_rule(state.weights, mean)
@@ -400,7 +422,7 @@ class Strategy:
             state,
             weights=np.asarray(new, dtype=np.float32),
             optimizer=moments,
-            extra={**state.extra, **extra},
+            privacy={**state.privacy, **moved},
         )
 
     @property
@@ -414,6 +436,11 @@ class Strategy:
         (infinite without differential privacy: nothing is guaranteed)."""
         return self.privacy.epsilon(rounds_done)
 
+    def divergence_advice(self) -> str:
+        """What to change first when training diverges, before the step sizes: the
+        privacy mechanism's noise and clip, where there is one."""
+        return self.privacy.divergence_advice()
+
     def server_rule(self, weights: np.ndarray, aggregate: np.ndarray) -> np.ndarray:
         """The target the server optimiser moves w_k towards: the method's
         `server_update` of the aggregate (Algorithm 1: the aggregate itself, with no
@@ -425,14 +452,25 @@ class Strategy:
         return layout.flatten(mixed)
 
     def postprocess_users(self, round_: int, state: ServerState) -> UserPostprocessor | None:
-        """The step each actor applies to round k's reporting users' models before it
-        sums them (the privacy mechanism's clipping, and local DP's noise), or None: the
-        sum as it is, at no cost."""
-        return self.privacy.user_step(round_, state.extra, self.shared)
+        """The chain each actor applies to round k's reporting users' models before it
+        sums them: the strategy's `user_steps` in order, then the privacy mechanism's
+        step (clipping, and local DP's noise), last, so that every user's contribution
+        to the sum is within the mechanism's bound whatever the strategy's steps do;
+        None without any: the sum as it is, at no cost. Not to be overridden (a subclass
+        that does is refused): a strategy adds its steps in `user_steps`."""
+        mechanism = self.privacy.user_step(round_, state.privacy, self.shared)
+        return chain([*self.user_steps(round_, state), mechanism])
+
+    def user_steps(self, round_: int, state: ServerState) -> Sequence[UserPostprocessor]:
+        """The strategy's own steps on round k's reporting users' models, on the actors,
+        before the privacy mechanism's; none by default."""
+        return ()
 
     def postprocess_aggregate(
         self, round_: int, state: ServerState, aggregate: np.ndarray
     ) -> np.ndarray:
-        """Round k's weighted mean of the reporting users' models, on the driver, before
-        the server rule (noise on the aggregate goes here); as it is by default."""
+        """The strategy's step on round k's aggregate, on the driver, after the privacy
+        mechanism's release (which adds the mechanism's noise, in `release`: whatever a
+        step here does to that private release costs no privacy), before the server
+        rule; the aggregate as it is by default."""
         return aggregate

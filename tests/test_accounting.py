@@ -27,19 +27,53 @@ def plan(kind="central", sampling="poisson", population=1000, cohort=10, account
     return Plan(kind, sampling, population, cohort, 1e-5, accountant)
 
 
+def _analytic_gaussian_epsilon(s: float, delta: float) -> float:
+    """The exact epsilon at `delta` of a Gaussian mechanism whose noise is s times its
+    sensitivity, from Balle and Wang's (ICML 2018, Theorem 8) closed form
+    delta(eps) = Phi(1/(2s) - eps s) - e^eps Phi(-1/(2s) - eps s), solved here by
+    bisection: independent of dp-accounting."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(eps: float) -> float:
+        a, b = 1 / (2 * s) - eps * s, -1 / (2 * s) - eps * s
+        return norm.cdf(a) - math.exp(eps + norm.logcdf(b)) - delta
+
+    return brentq(excess, 0.0, 500.0, xtol=1e-12)
+
+
 def test_without_sampling_rdp_is_the_gaussians_closed_form_and_bounds_the_exact_epsilon():
     """q = 1: a round is the Gaussian mechanism, RDP alpha / (2 z^2) at order alpha,
-    and the analytic Gaussian's exact epsilon (Balle and Wang) is below RDP's and
-    within PLD's discretisation of ours."""
+    and k rounds one Gaussian of noise z / sqrt(k) times the sensitivity, whose exact
+    epsilon (Balle and Wang's closed form) is below RDP's and within PLD's
+    discretisation of ours."""
     z, rounds = 4.0, 10
     full = plan(population=100, cohort=100)
     orders = RdpAccountant().orders
     closed_form = compute_epsilon(orders, rounds * orders / (2 * z**2), 1e-5)[0]
-    exact = get_epsilon_gaussian(z / math.sqrt(rounds), 1e-5)
+    exact = _analytic_gaussian_epsilon(z / math.sqrt(rounds), 1e-5)
+    assert exact == pytest.approx(get_epsilon_gaussian(z / math.sqrt(rounds), 1e-5), rel=1e-6)
     assert epsilon(full, z, rounds) == pytest.approx(closed_form, rel=1e-9)
     assert epsilon(full, z, rounds) > exact
     pld = epsilon(Plan("central", "poisson", 100, 100, 1e-5, "pld"), z, rounds)
     assert exact <= pld <= exact * 1.001
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_local_is_the_gaussians_closed_form_of_sensitivity_two_clips(accountant):
+    """Local DP's k rounds from closed forms alone: each a Gaussian of noise z clip on
+    an update that a replaced one moves by 2 clip, so RDP 4 alpha / (2 z^2) = 2 alpha /
+    z^2 at order alpha, k times (RDP), or one Gaussian of noise z / (2 sqrt(k)) times
+    its sensitivity, whose exact epsilon is Balle and Wang's (PLD)."""
+    z, rounds = 20.0, 30
+    local = plan(kind="local", population=1000, cohort=10, accountant=accountant)
+    if accountant == "rdp":
+        orders = RdpAccountant().orders
+        closed_form = compute_epsilon(orders, rounds * 2 * orders / z**2, 1e-5)[0]
+        assert epsilon(local, z, rounds) == pytest.approx(closed_form, rel=1e-9)
+    else:
+        exact = _analytic_gaussian_epsilon(z / 2 / math.sqrt(rounds), 1e-5)
+        assert epsilon(local, z, rounds) == pytest.approx(exact, rel=1e-6)
 
 
 @pytest.mark.parametrize("q, z, rounds", [(0.01, 1.0, 100), (0.1, 1.5, 50), (0.5, 3.0, 7)])

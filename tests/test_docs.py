@@ -329,6 +329,54 @@ def test_the_guides_model_and_strategy_run_as_printed(ray_session, tmp_path, mon
     assert saved.server.extra["rounds"].tolist() == [float(TINY["rounds"])]
 
 
+@pytest.mark.slow  # real actors and a whole private run on the shared Ray
+def test_the_guides_strategy_keeps_central_privacy_on(ray_session, tmp_path, monkeypatch):
+    """The guide's DPMean under privacy: central adds its steps to the mechanism's: on
+    a real actor every user's contribution to the sum is within privacy.clip, set below
+    every user's update (the example's own clip, 1.0, would leave them whole), and in a
+    run the adaptive bound moves and is checkpointed beside the strategy's own state."""
+    import numpy as np
+
+    from perfed_ray.models import initial_model, params_of
+    from perfed_ray.privacy.mechanisms import CLIP
+    from perfed_ray.runtime import simulation
+    from perfed_ray.runtime.placement import Placement
+
+    (tmp_path / "dp_mean.py").write_text(code(page("guide/adding-a-strategy.md"), "strategy"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    values = {
+        **TINY,
+        "strategy": "dp_mean:DPMean",
+        "privacy": "central",
+        "privacy.noise_multiplier": 0.5,
+        "privacy.adaptive_clip": True,
+        "privacy.count_noise": 1.0,
+        "checkpoint_every": TINY["rounds"],
+    }
+    cfg = from_mapping(values)
+    prepared = simulation.prepare(cfg)
+    template = params_of(initial_model(cfg, prepared.source([])))
+    actor = simulation.actor_factory(prepared, Placement([range(4)], 1.0, 0.0))(0, 0)
+    w0 = REGISTRIES["strategy"].load(cfg.strategy)(cfg).init(template).weights
+    users = [0, 1, 2, 3]
+    plain = ray_session.get(actor.train.remote(w0, users, 1, per_user=True))
+    w = w0.astype(np.float64)
+    norms = [np.linalg.norm(plain.per_user[u] - w) for u in users]
+    clip = min(norms) / 2  # the bound clips every user's update, far below DPMean's 1.0
+    values["privacy.clip"] = clip
+    cfg = from_mapping(values)
+    strategy = REGISTRIES["strategy"].load(cfg.strategy)(cfg)
+    chain = strategy.postprocess_users(1, strategy.init(template))
+    got = ray_session.get(actor.train.remote(w0, users, 1, per_user=True, postprocess=chain))
+    ray_session.kill(actor)
+    for u in users:
+        assert np.linalg.norm(got.per_user[u] - w) <= clip * (1 + 1e-6)
+    result = perfed_ray.simulate(values, tmp_path / "out", progress=False)
+    saved = RunStore(tmp_path / "out", result.run_id).load()
+    assert saved.server.extra["rounds"].tolist() == [float(TINY["rounds"])]
+    assert saved.server.privacy[CLIP][0] != clip  # adaptive clipping moved it
+
+
 @pytest.mark.slow  # a private run on the shared Ray
 def test_the_privacy_pages_epsilon_example_reads_what_the_accountant_spent(
     ray_session, tmp_path, monkeypatch, capsys

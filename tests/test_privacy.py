@@ -17,7 +17,7 @@ from perfed_ray.config import from_mapping
 from perfed_ray.errors import ConfigError
 from perfed_ray.privacy import accounting
 from perfed_ray.privacy.clipping import ClipUpdates, NoisyUpdates
-from perfed_ray.privacy.mechanisms import CLIP, CentralGaussian, resolve
+from perfed_ray.privacy.mechanisms import CLIP, UNCLIPPED, CentralGaussian, resolve
 from perfed_ray.results.reader import read_runs, read_table
 from perfed_ray.strategy import ServerState, Strategy
 
@@ -57,9 +57,9 @@ def test_clipping_bounds_every_users_shared_update_and_leaves_short_ones_alone()
     assert (np.linalg.norm(after, axis=1) <= bound * (1 + 1e-6)).all()
     expected = before * np.minimum(1.0, bound / norms)[:, None]
     np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-7)
-    assert torch.equal(out["b.bias"], server["b.bias"].expand(4, -1))  # nothing of it leaves
-    stats = step.statistics(server, models, [0, 1, 2, 3])
-    assert stats == {"unclipped": float((norms <= bound).sum())}
+    assert torch.equal(out["b.bias"], server["b.bias"].double().expand(4, -1))  # nothing leaves
+    stats = step.statistics(server, models, [0, 1, 2, 3])  # each user's b_i - 1/2
+    assert stats == {UNCLIPPED: float((norms <= bound).sum()) - 2.0}
 
 
 def test_per_layer_clipping_bounds_each_tensor_and_so_the_whole_update():
@@ -97,16 +97,17 @@ def test_local_noise_is_each_users_own_whoever_it_is_summed_with():
     assert abs(float(drawn.std()) - 2.0) < 0.05 and abs(float(drawn.mean())) < 0.05
 
 
-def _strategy(**privacy) -> Strategy:
-    values = {**BASE, "privacy": "central", **{f"privacy.{k}": v for k, v in privacy.items()}}
+def _strategy(core: dict | None = None, **privacy) -> Strategy:
+    """A central-DP strategy of BASE with `core` keys and these privacy settings."""
+    values = {**BASE, **(core or {}), "privacy": "central"}
+    values.update({f"privacy.{k}": v for k, v in privacy.items()})
     return Strategy(resolve(from_mapping(values)))
 
 
 def _release(s: Strategy, round_: int, state: ServerState, total, weight, stats=None):
     """The strategy's mechanism's release of round k from `state` and the users' sum."""
-    extra = state.extra
     return s.privacy.release(
-        round_, state.weights, extra, total, weight, stats or {}, s._shared_mask
+        round_, state.weights, state.privacy, total, weight, stats or {}, s._shared_mask
     )
 
 
@@ -114,47 +115,184 @@ def _template() -> dict:
     return {k: torch.zeros(s) for k, s in SHAPES.items()}
 
 
-def test_the_central_release_is_dp_fedavgs_noised_sum_over_the_expected_cohort():
-    """With no noise the release is w + (sum of clipped updates) / m for any number who
-    reported; with noise, the release minus that has deviation z * clip / m."""
-    quiet = _strategy(noise_multiplier=0.0, clip=1.0)
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({}, 10.0),  # fixed: m = 0.25 x 40
+        ({"sampling": "poisson", "unseen_users": 0.25}, 7.5),  # q n of the 30 seen users
+    ],
+)
+def test_the_central_release_is_dp_fedavgs_noised_sum_over_the_expected_cohort(values, expected):
+    """From a server model far from zero: with no noise the release is w + (sum of
+    clipped updates) / m for any number who reported, m the expected cohort (fixed, or
+    Poisson's q times the seen users); with noise, the release minus that has deviation
+    z_update * C / m, C the adaptive bound the state holds (not privacy.clip) and
+    z_update what Andrew et al.'s Theorem 1 leaves of z after the count's noise."""
+    adaptive = {"adaptive_clip": True, "count_noise": 3.0, "clip": 1.0}
+    quiet = _strategy(values, noise_multiplier=0.0, **adaptive)
     state = quiet.init(_template())
-    d = state.weights.size
     rng = np.random.default_rng(0)
-    updates = rng.normal(size=(3, d)) * 0.1  # three of the m = 10 reported
-    total = (state.weights + updates).sum(0)
+    d = state.weights.size
+    state = ServerState(rng.normal(size=d).astype(np.float32) + 5, privacy={CLIP: np.array([0.5])})
+    updates = rng.normal(size=(3, d)) * 0.1  # three reported
+    total = (state.weights.astype(np.float64) + updates).sum(0)
     released = _release(quiet, 1, state, total, 3.0)[0]
-    np.testing.assert_allclose(released, updates.sum(0) / 10, rtol=1e-6, atol=1e-7)
+    w = state.weights.astype(np.float64)
+    np.testing.assert_allclose(released - w, updates.sum(0) / expected, rtol=1e-5, atol=1e-6)
     assert quiet.epsilon(1) == math.inf
 
-    noisy = _strategy(noise_multiplier=4.0, clip=0.5)
+    noisy = _strategy(values, noise_multiplier=4.0, **adaptive)
     noisy.init(_template())
-    draws = np.stack([_release(noisy, r, state, total, 3.0)[0] for r in range(1, 200)])
-    std = (draws - updates.sum(0) / 10).std()
-    assert abs(std - 4.0 * 0.5 / 10) < 0.01
+    draws = np.stack([_release(noisy, r, state, total, 3.0)[0] for r in range(1, 400)])
+    z_update = (4.0**-2 - (2 * 3.0) ** -2) ** -0.5
+    std = (draws - (w + updates.sum(0) / expected)).std()
+    assert std == pytest.approx(z_update * 0.5 / expected, rel=0.03)
     again = _release(noisy, 5, state, total, 3.0)[0]
     np.testing.assert_array_equal(again, draws[4])  # round 5's noise, drawn again
 
 
+def test_local_noise_is_z_times_the_clip_through_the_mechanism():
+    """privacy: local's step, as the strategy makes it for a round: each user's update
+    clipped to privacy.clip and noised with deviation noise_multiplier * clip."""
+    values = {**BASE, "privacy": "local", "privacy.noise_multiplier": 3.0, "privacy.clip": 0.2}
+    s = Strategy(resolve(from_mapping(values)))
+    template = {"w": torch.zeros(20000)}
+    state = s.init(template)
+    server = {"w": torch.full((20000,), 2.0)}
+    models = {"w": server["w"] + torch.zeros(2, 20000)}  # no update of their own
+    models["w"][1, 0] = 100.0  # one long update: clipped to 0.2 before the noise
+    out = s.postprocess_users(1, state)(server, models, [0, 1])
+    noise = (out["w"] - server["w"].double()).numpy()
+    assert noise[0].std() == pytest.approx(3.0 * 0.2, rel=0.02)
+    assert abs(noise[1, 0]) < 0.2 + 5 * 0.6  # 0.2 and its noise: clipped from 100
+    assert abs(noise[1, 1:].std() - 0.6) < 0.02
+
+
+def _fraction(s: Strategy, before: float, after: float) -> float:
+    """The noisy fraction of unclipped users a release moved the bound by, read back
+    from Andrew et al.'s rule C' = C exp(-eta (fraction - target_quantile))."""
+    options = s.privacy.settings_
+    return options["target_quantile"] - math.log(after / before) / options["clip_learning_rate"]
+
+
+def _sum_of(step: ClipUpdates, server: dict, models: dict) -> tuple[np.ndarray, dict]:
+    """What the actors hand the driver: the flat float64 sum of the users' models after
+    the step, and the step's statistics."""
+    users = list(range(next(iter(models.values())).shape[0]))
+    stats = step.statistics(server, models, users)
+    out = step(server, models, users)
+    return np.concatenate([out[k].double().sum(0).flatten().numpy() for k in out]), stats
+
+
 def test_adaptive_clipping_moves_the_bound_by_andrew_et_als_geometric_rule():
+    """The bound moves by the noisy count of unclipped users over the expected cohort
+    (m = 10), whoever reported (3 here: dividing by them would read 0.67), with the
+    count's noise of deviation count_noise (on: 2.0, so 0.2 in the fraction): 2 of the
+    3 unclipped, counted as Andrew et al. and tensorflow-privacy do, sum(b_i - 1/2) +
+    noise + m/2, read as a fraction of m, average (2 - 1.5) / 10 + 0.5 = 0.55."""
     s = _strategy(
         noise_multiplier=0.0,
         clip=1.0,
         adaptive_clip=True,
         clip_learning_rate=0.2,
         target_quantile=0.5,
-        count_noise=1e-9,
+        count_noise=2.0,
     )
     state = s.init(_template())
-    assert state.extra[CLIP].tolist() == [1.0]
-    total = np.tile(state.weights, 10).reshape(10, -1).sum(0)
-    _, extra = _release(s, 1, state, total, 10.0, {"unclipped": 10.0})
-    assert extra[CLIP][0] == pytest.approx(math.exp(-0.2 * (1.0 - 0.5)), rel=1e-6)
-    _, extra = _release(s, 1, state, total, 10.0, {"unclipped": 0.0})
-    assert extra[CLIP][0] == pytest.approx(math.exp(0.2 * 0.5), rel=1e-6)
-    # The update's noise pays for the count's: z_update = (z^-2 - (2 sigma_b)^-2)^-1/2.
+    assert state.privacy[CLIP].tolist() == [1.0]
+    server, models = _models(3, np.array([0.01, 0.02, 5.0], dtype=np.float32), seed=3)
+    step = s.postprocess_users(1, state)
+    total, stats = _sum_of(step, server, models)
+    state = ServerState(
+        np.concatenate([v.flatten().numpy() for v in server.values()]), privacy=state.privacy
+    )
+    fractions = np.array(
+        [
+            _fraction(s, 1.0, _release(s, r, state, total, 3.0, stats)[1][CLIP][0])
+            for r in range(1, 4001)
+        ]
+    )
+    assert fractions.mean() == pytest.approx(0.55, abs=0.012)  # 4 standard errors
+    assert fractions.std() == pytest.approx(2.0 / 10, rel=0.05)
+
+
+def test_the_update_noise_pays_for_the_counts_by_andrew_et_als_theorem_1():
     paid = _strategy(noise_multiplier=1.0, adaptive_clip=True, count_noise=2.0).privacy
     assert paid.update_noise() == pytest.approx((1 - 1 / 16) ** -0.5)
+
+
+def _noise_multiplier_spent(sampling: str) -> tuple[float, float]:
+    """The noise multiplier adaptive clipping's round really has, from the Gaussian
+    mechanism's closed form for its two released sums, and the one accounted.
+
+    Two neighbouring cohorts are run through the clipping step and the server's release
+    with the same draws: under Poisson sampling one more user (add or remove one), for
+    fixed cohorts one user replaced by another (replace one); in each, the one user
+    whose update is the bound's length and, on one side, left whole, so that it moves
+    the update sum and the count both as far as one user can. The releases' difference
+    gives each sum's sensitivity (the update sum's from the model, the count's from the
+    bound's step); their draws over many rounds each noise's deviation. The pair is one
+    Gaussian mechanism of sensitivity 1 and noise multiplier
+    1 / sqrt((sens_update / std_update)^2 + (sens_count / std_count)^2), the
+    multiplier to compare with what the accountant composes for the round."""
+    z, sigma_b, clip, eta = 2.92, 3.96, 0.5, 0.2  # the privacy grid's epsilon-1 z and count noise
+    values = {
+        "n_users": 1000,
+        "fraction": 0.08,
+        "sampling": sampling if sampling == "poisson" else "uniform",
+        "privacy.noise_multiplier": z,
+        "privacy.adaptive_clip": True,
+        "privacy.count_noise": sigma_b,
+        "privacy.clip": clip,
+        "privacy.clip_learning_rate": eta,
+    }
+    cfg = from_mapping({**BASE, "privacy": "central", **values})
+    s = Strategy(cfg)
+    m = s.privacy.hparams.expected_cohort
+    template = {"w": torch.zeros(2000)}
+    s.init(template)
+    rng = np.random.default_rng(5)
+    server = {"w": torch.tensor(rng.normal(size=2000), dtype=torch.float32)}
+    weights = server["w"].numpy()
+    direction = rng.normal(size=2000)
+    direction /= np.linalg.norm(direction)
+    others = rng.normal(size=(6, 2000)) * np.array([0.001, 0.01, 0.1, 1, 2, 3])[:, None]
+    whole = (1 - 1e-9) * clip * direction  # left whole, as long as the bound allows
+    cut = -3 * clip * direction  # clipped, to the bound's length the other way
+    if sampling == "poisson":
+        cohorts = (others, np.vstack([others, whole]))
+    else:
+        cohorts = (np.vstack([others, cut]), np.vstack([others, whole]))
+    step = s.postprocess_users(1, s.init(template))
+    state = s.init(template)
+    state = ServerState(weights, privacy=state.privacy)
+
+    def release(updates: np.ndarray, round_: int) -> tuple[np.ndarray, float]:
+        models = {"w": server["w"] + torch.tensor(updates, dtype=torch.float32)}
+        total, stats = _sum_of(step, server, models)
+        model, extra = _release(s, round_, state, total, float(len(updates)), stats)
+        return model.astype(np.float64) * m, _fraction(s, clip, extra[CLIP][0]) * m
+
+    (model_a, count_a), (model_b, count_b) = release(cohorts[0], 1), release(cohorts[1], 1)
+    sens_update = np.linalg.norm(model_b - model_a)  # the update sum's, m * the model's
+    sens_count = abs(count_b - count_a)
+    draws = [release(cohorts[0], r) for r in range(2, 2002)]
+    std_update = np.std([d[0] for d in draws[:50]], axis=0).mean()
+    std_count = np.std([d[1] for d in draws])
+    spent = 1 / math.hypot(sens_update / std_update, sens_count / std_count)
+    plan = s.privacy.plan
+    return spent, accounting._event(plan, s.privacy.noise_multiplier).event.noise_multiplier
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_adaptive_clipping_spends_the_noise_multiplier_it_accounts(sampling):
+    """Andrew et al.'s Theorem 1 holds as run: the update's noise and the count's are
+    together one Gaussian of the accounted multiplier (z under Poisson sampling, z / 2
+    of sensitivity 1 for a replaced user with fixed cohorts). A raw count of unclipped
+    users (sensitivity 1, not 1/2, when a user is added or removed) spent about 2.46
+    where 2.92 was accounted."""
+    spent, accounted = _noise_multiplier_spent(sampling)
+    assert spent == pytest.approx(accounted, rel=0.03)
 
 
 def test_poisson_cohorts_vary_around_q_n_and_never_hold_an_unseen_user():
@@ -272,13 +410,31 @@ def test_fedrep_under_dp_keeps_the_servers_head_where_it_started(ray_session, tm
     assert not np.allclose(saved[~head], w0[~head])
 
 
-def test_state_extra_survives_as_the_checkpoint_keeps_it():
+def test_the_adaptive_bound_survives_a_real_checkpoint(tmp_path):
+    """The bound after a round, in the mechanism's part of the server state, written to
+    a checkpoint file and read back, beside a strategy's own state."""
+    from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
+
     s = _strategy(noise_multiplier=0.0, adaptive_clip=True, count_noise=1e-9)
     state = s.init(_template())
     new = s.aggregate(
-        1, state, np.tile(state.weights, 10).reshape(10, -1).sum(0), 10.0, stats={"unclipped": 10.0}
+        1,
+        state,
+        np.tile(state.weights, 10).reshape(10, -1).sum(0),
+        10.0,
+        stats={UNCLIPPED: 10.0 - 5.0},
     )
-    assert isinstance(new, ServerState) and new.extra[CLIP][0] < 1.0
+    new = ServerState(new.weights, new.optimizer, {"mine": np.ones(2)}, new.privacy)
+    assert new.privacy[CLIP][0] < 1.0  # every user unclipped: the bound shrank
+    store = RunStore(tmp_path, "r")
+    store.folder.mkdir(parents=True)
+    store.save(Checkpoint(1, new, {"rounds": 1}, 1.0, None, {}))
+    loaded = store.load().server
+    assert loaded.privacy[CLIP].tolist() == new.privacy[CLIP].tolist()
+    assert loaded.extra["mine"].tolist() == [1.0, 1.0]
+    np.testing.assert_array_equal(loaded.weights, new.weights)
+    resumed = s.postprocess_users(2, loaded)
+    assert resumed.bound == new.privacy[CLIP][0]
 
 
 def test_with_per_layer_clipping_a_user_is_unclipped_only_if_no_tensor_was():
@@ -289,7 +445,7 @@ def test_with_per_layer_clipping_a_user_is_unclipped_only_if_no_tensor_was():
     models = {"a": torch.tensor([[0.9, 0, 0, 0], [0.1, 0, 0, 0]]), "b": torch.zeros(2, 4)}
     step = ClipUpdates(1.0, ("a", "b"), per_layer=True, count_unclipped=True)
     # user 0's whole update (0.9) is under 1, its tensor a over 1/sqrt(2)
-    assert step.statistics(server, models, [0, 1]) == {"unclipped": 1.0}
+    assert step.statistics(server, models, [0, 1]) == {UNCLIPPED: 1.0 - 1.0}
 
 
 def test_a_strategy_that_weighs_users_itself_is_refused_under_privacy(tmp_path, monkeypatch):
@@ -302,3 +458,51 @@ def test_a_strategy_that_weighs_users_itself_is_refused_under_privacy(tmp_path, 
     from_mapping(values)  # without privacy, its own weights are its business
     with pytest.raises(ConfigError, match=r"keep Strategy\.weight under privacy"):
         from_mapping({**values, "privacy": "central"})
+
+
+@pytest.mark.slow  # CIFAR-10 and its CNN on a real actor: about 10 s
+def test_a_small_bound_holds_to_rounding_of_the_update_on_the_cifar_cnn(ray_session):
+    """Clip 0.05 on the CIFAR CNN's 0.6M weights: each user's contribution to the
+    actor's sum (the sum of one user's model, less the server's) is its clipped update
+    to a relative 1e-6 of the bound, and so within it. A float32 model, w + u rounded,
+    carried the update only to an ulp of |w| per weight, beyond 1e-6 of such a bound."""
+    from perfed_ray.models import initial_model, params_of
+    from perfed_ray.runtime import simulation
+    from perfed_ray.runtime.placement import Placement
+
+    clip = 0.05
+    values = {"dataset": "cifar10", "model": "cnn", "n_users": 2, "fraction": 1.0}
+    cfg = from_mapping({**values, "tau": 2, "beta": 1.0, "batch_size": 8, "users_per_actor": 2})
+    prepared = simulation.prepare(cfg)
+    actor = simulation.actor_factory(prepared, Placement([range(2)], 1.0, 0.0))(0, 0)
+    w = simulation.initial_weights(cfg, prepared.source([0]))
+    template = params_of(initial_model(cfg, prepared.source([])))
+    step = ClipUpdates(clip, Strategy(cfg).algorithm.shared(template), False, False)
+    w64 = w.astype(np.float64)
+    for u in (0, 1):
+        plain = ray_session.get(actor.train.remote(w, [u], 1, per_user=True)).per_user[u]
+        update = plain.astype(np.float64) - w64
+        assert np.linalg.norm(update) > 2 * clip  # clipped: the bound is what it keeps
+        exact = update * clip / np.linalg.norm(update)
+        one = ray_session.get(actor.train.remote(w, [u], 1, postprocess=step))
+        contribution = one.total - w64
+        assert np.linalg.norm(contribution - exact) <= 1e-6 * clip
+        assert np.linalg.norm(contribution) <= clip * (1 + 1e-6)
+    ray_session.kill(actor)
+
+
+@pytest.mark.slow  # a run that diverges, on the shared Ray
+def test_a_private_run_that_diverges_names_the_privacy_settings_first(ray_session, tmp_path):
+    from conftest import DIVERGES
+
+    from perfed_ray.runtime.rounds import Diverged
+
+    values = {**DIVERGES, "privacy": "local", "privacy.noise_multiplier": 5.0}
+    with pytest.raises(Diverged) as err:
+        perfed_ray.simulate({**values, "privacy.clip": 2.0}, tmp_path, progress=False)
+    advice = str(err.value).split("is the last good one; ")[1]
+    assert advice.startswith(
+        "first privacy = local's settings: its noise, of deviation privacy.noise_multiplier "
+        "5 x privacy.clip 2 on each user's update: lower privacy.clip or the noise"
+    )
+    assert advice.endswith("then lower beta or alpha")

@@ -149,7 +149,7 @@ def test_a_private_run_killed_mid_round_resumes_to_identical_tables(ray_session,
     spent = rounds["epsilon"]
     assert spent.is_monotonic_increasing and spent.lt(float("inf")).all()
     if privacy == "central":  # the bound had moved by round 3, and was saved
-        assert saved.server.extra["privacy.clip"][0] != PRIVATE_BASE["privacy.clip"]
+        assert saved.server.privacy["clip"][0] != PRIVATE_BASE["privacy.clip"]
 
 
 @pytest.mark.slow

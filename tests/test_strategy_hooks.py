@@ -13,7 +13,8 @@ import pytest
 from conftest import each_users_model
 
 import perfed_ray
-from perfed_ray.config import from_mapping
+from perfed_ray.config import ConfigError, from_mapping
+from perfed_ray.postprocess import UserPostprocessor
 from perfed_ray.runtime import simulation
 from perfed_ray.runtime.checkpoint import RunStore
 from perfed_ray.runtime.placement import Placement
@@ -111,7 +112,7 @@ def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, 
         np.testing.assert_allclose(
             update, (plain[u] - w) * min(1.0, bound / norm), rtol=1e-4, atol=1e-7
         )
-    assert got.stats == {"unclipped": float((norms <= bound).sum())}
+    assert got.stats == {"unclipped_centred": float((norms <= bound).sum()) - len(reporting) / 2}
 
 
 def _template(cfg):
@@ -137,3 +138,54 @@ def test_a_strategys_hooks_and_own_state_in_a_real_run(hooked, tmp_path):
     on_the_mean = w + _clipped(np.mean(updates, axis=0), module.BOUND) + module.shift(w.size)
     assert not np.allclose(saved.server.weights, on_the_mean, rtol=1e-5, atol=1e-6)
     assert saved.server.extra["rounds"].tolist() == [1.0]
+
+
+class _Louder(UserPostprocessor):
+    """A strategy's own step that lengthens every update tenfold."""
+
+    def __call__(self, server, models, users):
+        return {k: server[k] + 10 * (m - server[k]) for k, m in models.items()}
+
+
+class _Amplifying(Strategy):
+    def user_steps(self, round_, state):
+        return [_Louder()]
+
+
+def test_the_mechanisms_clipping_comes_after_the_strategys_steps():
+    """One chain, the strategy's steps first and the mechanism's clipping last: a step
+    that lengthens the updates cannot take a contribution past privacy.clip, and the
+    unclipped count is taken from what the clipping received."""
+    import torch
+
+    from perfed_ray.privacy.mechanisms import UNCLIPPED
+
+    values = {**RUN, "strategy": "uniform", "privacy": "central", "privacy.clip": 0.1}
+    adaptive = {"privacy.adaptive_clip": True, "privacy.count_noise": 1.0}
+    cfg = from_mapping({**values, "privacy.noise_multiplier": 1.0, **adaptive})
+    s = _Amplifying(cfg)
+    template = _template(cfg)
+    state = s.init(template)
+    g = torch.Generator().manual_seed(0)
+    server = {k: torch.randn(v.shape, generator=g) for k, v in template.items()}
+    scales = torch.tensor([0.0001, 0.001, 0.5])  # 10 x the updates: short ones and long
+    models = {
+        k: v + torch.randn((3, *v.shape), generator=g) * scales.view(-1, *[1] * v.dim()) / 10
+        for k, v in server.items()
+    }
+    out, stats = s.postprocess_users(1, state).apply(server, models, [0, 1, 2])
+    norms = sum((out[k] - server[k].double()).flatten(1).norm(dim=1) ** 2 for k in out).sqrt()
+    assert (norms <= 0.1 * (1 + 1e-6)).all()
+    longer = sum((models[k] - server[k]).flatten(1).norm(dim=1) ** 2 for k in out).sqrt() * 10
+    assert stats == {UNCLIPPED: float((longer <= 0.1).sum()) - 1.5}
+
+
+def test_a_strategy_that_replaces_the_chain_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "replacing.py").write_text(
+        "from perfed_ray.strategy import Strategy\n\n\n"
+        "class Mine(Strategy):\n    def postprocess_users(self, round_, state):\n"
+        "        return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"overrides Strategy\.postprocess_users.*user_steps"):
+        from_mapping({**RUN, "strategy": "replacing:Mine"})

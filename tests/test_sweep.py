@@ -107,6 +107,18 @@ def test_sweep_files_hold_the_experiment_scripts_grids():
     assert search.search == ("algorithm",) and all(t.validation == 0.2 for t in search.trials)
 
 
+def test_a_private_sweeps_summary_says_what_each_trials_epsilon_does_not_cover(tmp_path):
+    row = _write(tmp_path, {**TRIAL, "n_users": 4}, "row.yaml")
+    doc = {"base": [row.name], "grid": [{"beta": [0.01, 0.1]}], "seeds": [0, 1]}
+    assert spec.load(_write(tmp_path, doc)).privacy_note() is None
+    private = ["privacy=central", "privacy.noise_multiplier=1.0", "validation=0.2"]
+    searched = {**doc, "search": {"per": ["algorithm"]}}
+    note = spec.load(_write(tmp_path, searched), private).privacy_note()
+    assert note.startswith("privacy: each trial's epsilon is its own run's alone. 4 trials")
+    assert "same users and the best is chosen on their validation accuracy" in note
+    assert "the sweep as a whole is not accounted" in note
+
+
 def test_a_sweep_file_expands_in_order_samples_reproducibly_and_sizes_trials(tmp_path):
     rows = [_write(tmp_path, {**TRIAL, "n_users": n}, f"row{n}.yaml") for n in (4, 6)]
     doc = {

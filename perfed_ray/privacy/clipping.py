@@ -10,8 +10,14 @@ value there, so its update is zero and the sum carries nothing of it.
 Norms are taken over the whole shared update (`per_layer: false`, McMahan et al. 2018's
 flat clipping) or per parameter tensor, each to ``clip / sqrt(L)`` of the L shared
 tensors, so that the whole update's norm stays within `clip` either way (their
-per-layer clipping with equal bounds). The bound holds up to float32 rounding of the
-scaled update (a relative 1e-6).
+per-layer clipping with equal bounds).
+
+The updates are taken, scaled and returned in float64: each user's model goes to the
+sum as the server's model plus its clipped update, both in float64, so the update that
+reaches the sum is the clipped one up to float64 rounding of the model (an ulp of |w|,
+2^-53 |w|), far below a relative 1e-6 of any bound. A float32 model would carry it
+only to an ulp of |w| in float32 per coordinate, which a small bound on a large model
+does not absorb.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.postprocess import UserPostprocessor
+from perfed_ray.privacy.mechanisms import UNCLIPPED
 from perfed_ray.seeding import Stream, torch_generator
 
 
@@ -32,8 +39,12 @@ def _per_user(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 class ClipUpdates(UserPostprocessor):
     """Each user's shared update scaled down to norm `bound` where it is longer; its
-    personal parameters set back to the server's. `count_unclipped` reports how many
-    users' updates the bound left alone (adaptive clipping's statistic)."""
+    personal parameters set back to the server's. `count_unclipped` reports adaptive
+    clipping's statistic, ``unclipped_centred``: the sum over users of b_i - 1/2, b_i
+    being 1 where the bound left the user's update whole. Centred, one user moves it by
+    at most 1/2 whether it is added, removed or replaced, the sensitivity Andrew et al.'s
+    Theorem 1 accounts (tensorflow-privacy's QuantileEstimatorQuery shifts its records
+    by -0.5 for that reason); the server adds half the expected cohort back."""
 
     def __init__(
         self, bound: float, shared: tuple[str, ...], per_layer: bool, count_unclipped: bool
@@ -44,7 +55,7 @@ class ClipUpdates(UserPostprocessor):
         self.count_unclipped = count_unclipped
 
     def _updates(self, server: Params, models: Params) -> dict[str, torch.Tensor]:
-        return {k: models[k] - server[k] for k in self.shared}
+        return {k: models[k].double() - server[k].double() for k in self.shared}
 
     def _scales(self, updates: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each shared tensor's per-user factor, min(1, bound / norm)."""
@@ -64,13 +75,14 @@ class ClipUpdates(UserPostprocessor):
         # a user is unclipped when no part of its update was scaled down (per tensor,
         # with per_layer): the fraction adaptive clipping steers towards its quantile
         whole = torch.stack([s >= 1.0 for s in scales.values()]).all(0)
-        return {"unclipped": float(whole.sum())}
+        return {UNCLIPPED: float(whole.sum()) - len(users) / 2}
 
     def clipped(self, server: Params, models: Params) -> dict[str, torch.Tensor]:
-        """The users' clipped shared updates, each leaf stacked along the user axis."""
+        """The users' clipped shared updates in float64, each leaf stacked along the
+        user axis."""
         updates = self._updates(server, models)
         scales = self._scales(updates)
-        return {k: u * _per_user(scales[k].to(u.dtype), u) for k, u in updates.items()}
+        return {k: u * _per_user(scales[k], u) for k, u in updates.items()}
 
     def __call__(self, server: Params, models: Params, users: list[int]) -> Params:
         updates = self.clipped(server, models)
@@ -103,15 +115,16 @@ class NoisyUpdates(ClipUpdates):
             gen = torch_generator(self.seed, Stream.LOCAL_NOISE, self.round, user)
             noise = torch.randn(sum(sizes), generator=gen, dtype=torch.float32) * self.std
             for k, part in zip(self.shared, noise.split(sizes), strict=True):
-                updates[k][i] += part.view_as(server[k]).to(updates[k].device)
+                updates[k][i] += part.view_as(server[k]).to(updates[k])
         return _models(server, models, updates)
 
 
 def _models(server: Params, models: Params, updates: dict[str, torch.Tensor]) -> Params:
-    """The users' models the sum takes: the server's plus each shared update, and the
-    server's own value for every personal parameter."""
+    """The users' models the sum takes, in float64 (the module's docstring says why):
+    the server's plus each shared update, and the server's own value for every personal
+    parameter."""
     return {
-        k: server[k] + updates[k] if k in updates else server[k].expand_as(m)
+        k: server[k].double() + updates[k] if k in updates else server[k].double().expand_as(m)
         for k, m in models.items()
     }
 

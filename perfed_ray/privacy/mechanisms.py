@@ -12,12 +12,19 @@ local; the settings in the `privacy` section).
   assumes. With `privacy.adaptive_clip` the bound follows a target quantile of the
   users' update norms (Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private
   Learning with Adaptive Clipping", NeurIPS 2021): each user also reports whether the
-  bound left its update alone, the server adds Gaussian noise of deviation
-  `privacy.count_noise` to that count and moves the bound geometrically,
-  ``C <- C * exp(-clip_learning_rate * (noisy fraction - target_quantile))``; the
-  count's privacy is paid from the same budget by the update's larger noise,
-  ``z_update = (z^-2 - (2 count_noise)^-2)^-1/2`` (their Theorem 1), so the accountant
-  sees one Gaussian of multiplier z per round.
+  bound left its update alone (b_i in {0, 1}), counted centred as b_i - 1/2, so that
+  one user moves the count by at most 1/2; the server adds Gaussian noise of deviation
+  `privacy.count_noise` to that sum and half the expected cohort back, and moves the
+  bound geometrically,
+  ``C <- C * exp(-clip_learning_rate * (noisy count / expected cohort - target_quantile))``.
+  The count's privacy is paid from the same budget by the update's larger noise,
+  ``z_update = (z^-2 - (2 count_noise)^-2)^-1/2`` (their Theorem 1, whose factor 2 is
+  the count's sensitivity 1/2), so the accountant sees one Gaussian of multiplier z per
+  round: the update sum (sensitivity clip, noise z_update clip) and the count
+  (sensitivity 1/2, noise count_noise) are together one Gaussian mechanism of
+  multiplier (z_update^-2 + (2 count_noise)^-2)^-1/2 = z. A raw count of b_i would
+  have sensitivity 1 under Poisson sampling's add-or-remove neighbours and spend more
+  than accounted.
 - `local`: each user clips its update and adds its own Gaussian noise of deviation
   ``noise_multiplier * clip`` before the update leaves it; the server averages what
   arrives. The baseline that trusts no server.
@@ -52,7 +59,8 @@ if TYPE_CHECKING:
     from perfed_ray.config.schema import RunConfig
     from perfed_ray.postprocess import UserPostprocessor
 
-CLIP = "privacy.clip"  # the adaptive bound's key in ServerState.extra
+CLIP = "clip"  # the adaptive bound's key in ServerState.privacy
+UNCLIPPED = "unclipped_centred"  # adaptive clipping's statistic (clipping.ClipUpdates)
 
 SETTINGS: dict[str, Setting] = {
     "epsilon": Setting(
@@ -171,35 +179,42 @@ class NoPrivacy:
         return None
 
     def init(self) -> dict[str, np.ndarray]:
-        """The mechanism's part of the server state before round 1 (ServerState.extra)."""
+        """The mechanism's state before round 1 (ServerState.privacy)."""
         return {}
 
     def user_step(
-        self, round_: int, extra: Mapping[str, np.ndarray], shared: tuple[str, ...]
+        self, round_: int, state: Mapping[str, np.ndarray], shared: tuple[str, ...]
     ) -> UserPostprocessor | None:
         """What each actor does to round k's reporting users' models before summing,
-        given the server state's `extra` (the mechanism's part of it)."""
+        given the mechanism's state (`ServerState.privacy`)."""
         return None
 
     def release(
         self,
         round_: int,
         weights: np.ndarray,
-        extra: Mapping[str, np.ndarray],
+        state: Mapping[str, np.ndarray],
         total: np.ndarray,
         weight: float,
         stats: dict[str, float],
         shared: np.ndarray,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Round k's aggregate (a model: the server's `weights` plus the users' mean
-        update) from the weighted sum `total` of the reporting users' models (weights adding up to
-        `weight`), and the mechanism's new part of the server state. `shared` marks the
-        flat vector's entries that users share."""
+        update) from the weighted sum `total` of the reporting users' models (weights
+        adding up to `weight`), and what the mechanism's state gains. The server's first
+        step on the sum, and the one place the mechanism's noise is added on the driver
+        (central DP's; local DP's is each user's own, in its step on the actor). `shared`
+        marks the flat vector's entries that users share."""
         return (total / weight).astype(np.float32), {}
 
     def epsilon(self, rounds_done: int) -> float:
         """The epsilon the run has spent after `rounds_done` rounds, at delta."""
         return math.inf
+
+    def divergence_advice(self) -> str:
+        """The settings of the mechanism a diverged run should look at first, as the
+        start of a sentence that goes on to the step sizes; none without privacy."""
+        return ""
 
 
 class _Gaussian(NoPrivacy):
@@ -274,11 +289,26 @@ class _Gaussian(NoPrivacy):
             return 0.0
         return float(self._epsilons[rounds_done - 1])
 
-    def bound(self, extra: Mapping[str, np.ndarray]) -> float:
-        """The clipping bound of the round whose server state holds `extra`."""
-        if CLIP in extra:
-            return float(extra[CLIP][0])
-        return float(self.settings_["clip"])
+    def divergence_advice(self) -> str:
+        where = "each user's update" if self.kind == "local" else "the sum of updates"
+        start = " (the start of the adaptive bound)" if self.settings_["adaptive_clip"] else ""
+        return (
+            f"first privacy = {self.kind}'s settings: its noise, of deviation "
+            f"privacy.noise_multiplier {self.noise_multiplier:.4g} x privacy.clip "
+            f"{self.settings_['clip']:g}{start} on {where}: lower privacy.clip or the "
+            f"noise (a larger privacy.epsilon); then "
+        )
+
+    def bound(self, state: Mapping[str, np.ndarray]) -> float:
+        """The clipping bound of the round whose mechanism's state is `state`."""
+        if not self.settings_["adaptive_clip"]:
+            return float(self.settings_["clip"])
+        if CLIP not in state:  # a checkpoint from before ServerState.privacy held it
+            raise ConfigError(
+                "privacy.adaptive_clip: the server state holds no adaptive bound "
+                "(ServerState.privacy); start the run again"
+            )
+        return float(state[CLIP][0])
 
 
 class CentralGaussian(_Gaussian):
@@ -304,16 +334,16 @@ class CentralGaussian(_Gaussian):
                 )
 
     def init(self) -> dict[str, np.ndarray]:
-        extra = super().init()
+        state = super().init()
         if not self.settings_["adaptive_clip"]:
-            return extra
-        return {**extra, CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
+            return state
+        return {**state, CLIP: np.array([self.settings_["clip"]], dtype=np.float64)}
 
-    def user_step(self, round_, extra, shared):
+    def user_step(self, round_, state, shared):
         from perfed_ray.privacy.clipping import ClipUpdates
 
         adaptive = self.settings_["adaptive_clip"]
-        return ClipUpdates(self.bound(extra), shared, self.settings_["per_layer"], adaptive)
+        return ClipUpdates(self.bound(state), shared, self.settings_["per_layer"], adaptive)
 
     def update_noise(self) -> float:
         """The update's noise multiplier: z, or with adaptive clipping what z leaves
@@ -323,16 +353,22 @@ class CentralGaussian(_Gaussian):
             return z
         return (z**-2 - (2 * _count_noise(self.hparams)) ** -2) ** -0.5
 
-    def release(self, round_, weights, extra, total, weight, stats, shared):
+    def release(self, round_, weights, state, total, weight, stats, shared):
         server = weights.astype(np.float64)
-        bound = self.bound(extra)
+        bound = self.bound(state)
         expected = self.hparams.expected_cohort
         rng = numpy_rng(self.hparams.seed, Stream.CENTRAL_NOISE, round_)
         noise = rng.standard_normal(server.shape) * (self.update_noise() * bound)
         summed = total - weight * server + noise * shared
         moved = {}
         if self.settings_["adaptive_clip"]:
-            count = stats.get("unclipped", 0.0) + rng.normal(0.0, _count_noise(self.hparams))
+            # Round k's noisy count of unclipped users: the users' centred sum (each
+            # b_i - 1/2, sensitivity 1/2: see ClipUpdates), its noise, and half the
+            # expected cohort added back (public, as tensorflow-privacy's quantile
+            # estimator adds 0.5 to the fraction), never half of those who reported,
+            # whose number Poisson sampling keeps private.
+            centred = stats.get(UNCLIPPED, 0.0) + rng.normal(0.0, _count_noise(self.hparams))
+            count = centred + expected / 2
             step = self.settings_["clip_learning_rate"]
             quantile = self.settings_["target_quantile"]
             moved[CLIP] = np.array([bound * math.exp(-step * (count / expected - quantile))])
@@ -353,10 +389,10 @@ class LocalGaussian(_Gaussian):
                 "the bound from a noised count); with privacy: local set privacy.clip"
             )
 
-    def user_step(self, round_, extra, shared):
+    def user_step(self, round_, state, shared):
         from perfed_ray.privacy.clipping import NoisyUpdates
 
-        bound = self.bound(extra)
+        bound = self.bound(state)
         std = self.noise_multiplier * bound
         per_layer = self.settings_["per_layer"]
         return NoisyUpdates(bound, shared, per_layer, std, self.hparams.seed, round_)

@@ -288,8 +288,7 @@ class UserActor:
             users = [u for u in users if u in summed]
         stats = {}
         if postprocess is not None:
-            stats = postprocess.statistics(start, models, users)
-            models = postprocess(start, models, users)
+            models, stats = postprocess.apply(start, models, users)
         weights_ = [self.strategy.weight(self.learner.n_train(u)) for u in users]
         total = self._sum(models, weights_)
         # float32 losses add up exactly in float64: the same sum whatever the grouping.

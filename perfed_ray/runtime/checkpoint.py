@@ -41,8 +41,9 @@ from perfed_ray.strategy import ServerState
 _RUN_ID = re.compile(r"run_id=(.+)")
 SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 # Prefixes of the server state's named arrays in checkpoint.npz: the optimiser's (absent
-# in checkpoints of runs before server optimisers kept state) and a strategy's own.
-SERVER, EXTRA = "server.", "strategy."
+# in checkpoints of runs before server optimisers kept state), a strategy's own and the
+# privacy mechanism's.
+SERVER, EXTRA, PRIVACY = "server.", "strategy.", "privacy."
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class RunStore:
                     bases=_stacked([checkpoint.bases[v] for v in versions]),
                     **{f"{SERVER}{k}": v for k, v in server.optimizer.items()},
                     **{f"{EXTRA}{k}": v for k, v in server.extra.items()},
+                    **{f"{PRIVACY}{k}": v for k, v in server.privacy.items()},
                 )
 
         write_atomically(
@@ -218,7 +220,12 @@ class RunStore:
                 accuracy = tuple(meta["accuracy"]) if meta["accuracy"] else None
                 return Checkpoint(
                     meta["round"],
-                    ServerState(saved["weights"], _arrays(saved, SERVER), _arrays(saved, EXTRA)),
+                    ServerState(
+                        saved["weights"],
+                        _arrays(saved, SERVER),
+                        _arrays(saved, EXTRA),
+                        _arrays(saved, PRIVACY),
+                    ),
                     meta["rows"],
                     meta["wall_seconds"],
                     accuracy,

@@ -59,12 +59,12 @@ def span_of(cfg: RunConfig, round_: int, length: int) -> list[int]:
 class Diverged(RuntimeError):
     """Local training produced NaN or infinite weights or losses."""
 
-    def __init__(self, round_: int, users: list[int]) -> None:
+    def __init__(self, round_: int, users: list[int], first: str = "") -> None:
         shown = ", ".join(map(str, users[:10])) + (" ..." if len(users) > 10 else "")
         super().__init__(
             f"training diverged in round {round_}: NaN or infinite weights or "
             f"losses from users {shown} (actors holding them); the global model "
-            f"of round {round_ - 1} is the last good one; lower beta or alpha"
+            f"of round {round_ - 1} is the last good one; {first}lower beta or alpha"
         )
         self.round = round_
         self.users = users
@@ -165,7 +165,7 @@ class Rounds:
     def _step(self, step: Step, sums: Sums) -> None:
         """The server's step: the strategy's, from the sum of the step's updates."""
         if sums.diverged:
-            raise Diverged(step.round, sorted(sums.diverged))
+            raise Diverged(step.round, sorted(sums.diverged), self.strategy.divergence_advice())
         before = self.state.weights
         self.state = self.strategy.server_step(
             step, self.state, sums.total, sums.weight, sums.rebased, sums.stats

@@ -112,6 +112,21 @@ class Sweep:
         """Trial `index`'s run id: the same whenever the sweep runs or resumes."""
         return f"{self.name}-{index:04d}"
 
+    def privacy_note(self) -> str | None:
+        """What the epsilon each private trial reports does not cover, for the sweep's
+        summary: each trial spends it in full on the same users, and choosing among
+        them on their validation accuracy uses them all; None without privacy."""
+        private = sum(t.privacy != "none" for t in self.trials)
+        if not private:
+            return None
+        chosen = " and the best is chosen on their validation accuracy" if self.search else ""
+        return (
+            f"privacy: each trial's epsilon is its own run's alone. {private} trials each "
+            f"spend their full budget on the same users{chosen}: the sweep as a whole is "
+            f"not accounted (the trials' epsilons add up under composition, and "
+            f"releasing the chosen one is private only if the choice is too)"
+        )
+
     def describe(self, index: int) -> str:
         """Trial `index` in one line: its run id and the values that vary."""
         trial = self.trials[index]

@@ -41,8 +41,8 @@ class Hooked(Strategy):
         new = super().aggregate(round_, state, total, weight, stats)
         return dataclasses.replace(new, extra={"rounds": state.extra["rounds"] + 1})
 
-    def postprocess_users(self, round_, state):
-        return Clip(BOUND)
+    def user_steps(self, round_, state):
+        return [Clip(BOUND)]
 
     def postprocess_aggregate(self, round_, state, aggregate):
         return aggregate + shift(aggregate.size)
