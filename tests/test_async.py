@@ -215,7 +215,7 @@ def test_an_actor_holds_updates_and_sums_stale_ones_as_updates(ray_session):
     """Tasks trained in one call are held; a later call sums a fresh one as its model and
     stale ones as their updates (model minus the model they started from), weighted."""
     from perfed_ray.runtime import simulation
-    from perfed_ray.runtime.coordinator import Batch
+    from perfed_ray.runtime.messages import Batch
     from perfed_ray.runtime.placement import Placement
 
     cfg = from_mapping({**CLOCK, "devices": "equal", "strategy": "fedbuff"})

@@ -191,7 +191,9 @@ def test_the_layer_check_reads_relative_imports_and_registry_loads(tmp_path):
     door.write_text("from .load import from_mapping\nfrom . import schema\n")
     assert own_imports(door, "config") == {"config.load", "config.schema"}
     written.write_text("def f(name):\n    return registry.STRATEGIES.load(name)\n")
-    assert registry_loads(written) == {"strategy"} and layer("strategy") > layer("data")
+    assert registry_loads(written) == {"strategy", "asynchronous"} and layer("strategy") > layer(
+        "data"
+    )
     written.write_text("def f(key, name):\n    return REGISTRIES[key].load(name)\n")
     assert {"strategy", "engines.vmap", "data.datasets"} <= registry_loads(written)
 
@@ -374,7 +376,7 @@ def test_every_field_an_actor_sends_the_driver_is_read_there():
     every round's transport (issue 44 found a count and per-user models no one read)."""
     from dataclasses import fields
 
-    from perfed_ray.runtime.actor import UpdateSum
+    from perfed_ray.runtime.messages import UpdateSum
 
     tree = ast.parse((PACKAGE / "runtime" / "coordinator.py").read_text(encoding="utf-8"))
     read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}

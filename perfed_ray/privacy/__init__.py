@@ -4,3 +4,7 @@ accountant (`accounting`), which turns what a run does (central or local noise, 
 or fixed-size cohorts, its population and rounds) into the epsilon it spends and the
 noise multiplier for a target epsilon: pure maths on Google's `dp-accounting`, knowing
 nothing of Ray, torch or the users."""
+
+# Adaptive clipping's statistic: what clipping (on the actors) counts and the central
+# mechanism (on the driver) reads; here, so that neither module imports the other for it.
+UNCLIPPED = "unclipped_centred"

@@ -28,7 +28,7 @@ import torch
 
 from perfed_ray.algorithms.tree import Params
 from perfed_ray.postprocess import UserPostprocessor
-from perfed_ray.privacy.mechanisms import UNCLIPPED
+from perfed_ray.privacy import UNCLIPPED
 from perfed_ray.seeding import Stream, torch_generator
 
 

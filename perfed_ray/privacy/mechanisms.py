@@ -52,7 +52,7 @@ from perfed_ray.config.load import revise
 from perfed_ray.config.owners import HParams
 from perfed_ray.config.settings import Setting
 from perfed_ray.errors import ConfigError
-from perfed_ray.privacy import accounting
+from perfed_ray.privacy import UNCLIPPED, accounting
 from perfed_ray.seeding import Stream, numpy_rng
 
 if TYPE_CHECKING:
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from perfed_ray.postprocess import UserPostprocessor
 
 CLIP = "clip"  # the adaptive bound's key in ServerState.privacy
-UNCLIPPED = "unclipped_centred"  # adaptive clipping's statistic (clipping.ClipUpdates)
 
 SETTINGS: dict[str, Setting] = {
     "epsilon": Setting(

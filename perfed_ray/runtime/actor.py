@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -32,23 +31,8 @@ from perfed_ray.data.validation import hold_out
 from perfed_ray.learner import Learner
 from perfed_ray.models import FlatParams, initial_model, params_of
 from perfed_ray.postprocess import UserPostprocessor
-from perfed_ray.runtime.coordinator import Batch
 from perfed_ray.runtime.environment import Components, adopt
-
-
-@dataclass(frozen=True)
-class UpdateSum:
-    """An actor's part of a round: the weighted sum of its users' new weights (float64,
-    so the server's total does not depend on the order in which actors answer), the
-    sum of the weights and of the losses."""
-
-    total: np.ndarray
-    weight: float
-    loss_sum: float
-    seconds: float = 0.0  # the actor's own time on the call, to tell work from transport
-    guests: dict[int, np.ndarray] | None = None  # new states of users hosted elsewhere
-    stats: dict[str, float] = field(default_factory=dict)  # the postprocessor's statistics
-    rebased: float = 0.0  # the weights of held updates summed as updates (rebase)
+from perfed_ray.runtime.messages import Batch, UpdateSum
 
 
 class Held(NamedTuple):

@@ -26,12 +26,12 @@ import ray
 from ray.exceptions import RayActorError
 
 from perfed_ray.errors import first_line
+from perfed_ray.runtime.messages import Batch
 from perfed_ray.runtime.placement import balanced, host_finder, hosted
 from perfed_ray.runtime.pool import ActorPool, StateLost
 
-if TYPE_CHECKING:  # an actor's answer and what it applies; both modules load torch
-    from perfed_ray.postprocess import UserPostprocessor
-    from perfed_ray.runtime.actor import UpdateSum
+if TYPE_CHECKING:  # an actor's answer
+    from perfed_ray.runtime.messages import UpdateSum
 
 
 @dataclass
@@ -64,48 +64,6 @@ class Sums:
 
 
 Work = Callable[[int], float]  # a user's share of a round's local work (its steps)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One server step's work, as the actors see it: the `users` train from the call's
-    model (for round k's streams); with `tasks` None (a synchronous round) the
-    `reporting` ones among them (None: all) are summed at once, each model through
-    `postprocess` first; else their updates are held under their task ids, and the
-    held tasks `summed` (id, factor) are summed, as models or, with `rebase`, those
-    started from an older model as updates; `discard`, held ones thrown away."""
-
-    round: int
-    users: list[int]
-    tasks: list[int] | None = None
-    reporting: list[int] | None = None
-    summed: list[tuple[int, float]] = field(default_factory=list)
-    discard: list[int] = field(default_factory=list)
-    rebase: bool = False
-    postprocess: UserPostprocessor | None = None
-
-    def on(self, users: list[int], held: set[int]) -> Batch:
-        """The part of it for an actor that trains `users` and holds the tasks `held`."""
-        ids = None
-        if self.tasks is not None:  # in the order of `users`, which the actor trains
-            task_of = dict(zip(self.users, self.tasks, strict=True))
-            ids = [task_of[u] for u in users]
-        reporting = self.reporting
-        if reporting is not None and reporting != self.users:
-            summed = set(reporting)
-            reporting = [u for u in users if u in summed]
-        elif reporting is not None:
-            reporting = None  # the same users: all of them
-        return Batch(
-            self.round,
-            users,
-            ids,
-            reporting,
-            [(t, f) for t, f in self.summed if t in held],
-            [t for t in self.discard if t in held],
-            self.rebase,
-            self.postprocess,
-        )
 
 
 class Coordinator:

@@ -34,7 +34,8 @@ from perfed_ray.runtime.checkpoint import Checkpoint, RunStore
 from perfed_ray.strategy import ServerState, Step, Strategy
 
 if TYPE_CHECKING:  # the transport is given, not made here: this module loads no Ray
-    from perfed_ray.runtime.coordinator import Batch, Coordinator, Sums
+    from perfed_ray.runtime.coordinator import Coordinator, Sums
+    from perfed_ray.runtime.messages import Batch
 
 
 # A fixed server's rounds go to the actors in spans of about this many seconds, holding

@@ -57,9 +57,10 @@ from perfed_ray.registry import STRATEGIES
 from perfed_ray.results.writer import RunWriter
 from perfed_ray.runtime.actor import peak_memory_bytes
 from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore
-from perfed_ray.runtime.coordinator import Batch, Coordinator
+from perfed_ray.runtime.coordinator import Coordinator
 from perfed_ray.runtime.execution import resolve_execution
 from perfed_ray.runtime.launch import actor_factory
+from perfed_ray.runtime.messages import Batch
 from perfed_ray.runtime.placement import (
     Placement,
     bundles,
