@@ -102,6 +102,19 @@ def tiny_results(ray_session, tmp_path_factory):
     return out
 
 
+def in_float64(model, shards: dict) -> tuple:
+    """A model and its users' shards in float64: engines compared there agree to
+    torch's float64 tolerances on any CPU (tests/test_engines.py says why float32's
+    rounding would not)."""
+    from dataclasses import replace
+
+    doubled = {
+        u: replace(s, x_train=s.x_train.double(), x_test=s.x_test.double())
+        for u, s in shards.items()
+    }
+    return model.double(), doubled
+
+
 def experiment_script(name: str) -> Iterator[ModuleType]:
     """experiments/<name>.py imported as a module, for a module-scoped fixture (with
     experiments/ on the path, as when it runs as a script, for its sibling imports)."""
