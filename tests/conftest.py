@@ -34,9 +34,20 @@ os.environ["PERFED_DATA"] = str(resolve_root(None))
 
 @pytest.fixture(scope="session")
 def ray_session():
+    """One local Ray for the session (for each pytest-xdist worker, its own). Started
+    again once if its start fails: on a machine loaded far past its cores, a raylet
+    gave up waiting for its dashboard agent ("Timed out waiting for file
+    metrics_agent_port") and every test of that worker failed with it."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    def start() -> None:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+
+    try:
+        start()
+    except Exception:  # whatever the start raised; a second failure is reported
+        ray.shutdown()
+        start()
     yield ray
     ray.shutdown()
 
