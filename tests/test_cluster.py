@@ -21,9 +21,9 @@ import pytest
 from perfed_ray.api import simulate
 from perfed_ray.config import load
 
-# A real two-node Ray cluster started and stopped per module: the full tier only, and
-# under pytest-xdist on one worker (one cluster, not one per worker).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+# A real two-node Ray cluster started and stopped per module (under pytest-xdist's
+# --dist loadscope, on one worker): the full tier only.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / "cluster" / "local.sh"
