@@ -95,9 +95,9 @@ def sites(model: nn.Module, sample_shape: Sequence[int]) -> list[Site]:
 
     probes = [m.register_forward_pre_hook(probe(n)) for n, m in found.items()]
     try:
-        device = next(model.parameters()).device
+        like = next(model.parameters())
         with torch.no_grad(), applying(None):
-            model(torch.zeros(1, *sample_shape, device=device))
+            model(torch.zeros(1, *sample_shape, dtype=like.dtype, device=like.device))
     finally:
         for probe in probes:
             probe.remove()

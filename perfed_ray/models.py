@@ -227,9 +227,10 @@ def activation_bytes(model: nn.Module, sample_shape: tuple[int, ...]) -> int:
 
     leaves = [m for m in model.modules() if not any(m.children())]
     hooks = [m.register_forward_hook(count) for m in leaves]
+    like = next(model.parameters())
     try:
         with torch.no_grad():
-            model(torch.zeros(1, *sample_shape, device=next(model.parameters()).device))
+            model(torch.zeros(1, *sample_shape, dtype=like.dtype, device=like.device))
     finally:
         for hook in hooks:
             hook.remove()
@@ -243,7 +244,8 @@ def params_of(model: nn.Module) -> Params:
 
 class FlatParams:
     """Converts between parameter trees (dicts of tensors, possibly nested: a model, or
-    a method's per-user state) and one flat float32 vector.
+    a method's per-user state) and one flat vector, in the parameters' own dtype
+    (float32; float64 where tests compare engines without float32's rounding).
 
     Weights travel between driver and actors as one NumPy vector: Ray moves it
     through the object store without copying, the server's mean is one line,
@@ -254,6 +256,7 @@ class FlatParams:
         leaves, self.spec = pytree.tree_flatten(params)
         self.shapes = [tuple(leaf.shape) for leaf in leaves]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.dtype = leaves[0].dtype
 
     @property
     def size(self) -> int:
@@ -265,7 +268,7 @@ class FlatParams:
 
     def unflatten(self, vector: np.ndarray, device: torch.device | str = "cpu") -> Params:
         # A copy: vectors from the object store are read-only.
-        flat = torch.tensor(vector, dtype=torch.float32, device=device)
+        flat = torch.tensor(vector, dtype=self.dtype, device=device)
         parts = torch.split(flat, self.sizes)
         leaves = [p.reshape(s) for p, s in zip(parts, self.shapes, strict=True)]
         return pytree.tree_unflatten(leaves, self.spec)

@@ -34,9 +34,20 @@ os.environ["PERFED_DATA"] = str(resolve_root(None))
 
 @pytest.fixture(scope="session")
 def ray_session():
+    """One local Ray for the session (for each pytest-xdist worker, its own). Started
+    again once if its start fails: on a machine loaded far past its cores, a raylet
+    gave up waiting for its dashboard agent ("Timed out waiting for file
+    metrics_agent_port") and every test of that worker failed with it."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    def start() -> None:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+
+    try:
+        start()
+    except Exception:  # whatever the start raised; a second failure is reported
+        ray.shutdown()
+        start()
     yield ray
     ray.shutdown()
 
@@ -100,6 +111,19 @@ def tiny_results(ray_session, tmp_path_factory):
     with pytest.raises(Diverged):
         simulate(from_mapping(DIVERGES), out, progress=False)
     return out
+
+
+def in_float64(model, shards: dict) -> tuple:
+    """A model and its users' shards in float64: engines compared there agree to
+    torch's float64 tolerances on any CPU (tests/test_engines.py says why float32's
+    rounding would not)."""
+    from dataclasses import replace
+
+    doubled = {
+        u: replace(s, x_train=s.x_train.double(), x_test=s.x_test.double())
+        for u, s in shards.items()
+    }
+    return model.double(), doubled
 
 
 def experiment_script(name: str) -> Iterator[ModuleType]:

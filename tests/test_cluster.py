@@ -24,7 +24,8 @@ import pytest
 from perfed_ray.api import simulate
 from perfed_ray.config import load
 
-# A real two-node Ray cluster started and stopped per module: the full tier only.
+# A real two-node Ray cluster started and stopped per module (under pytest-xdist's
+# --dist loadscope, on one worker): the full tier only.
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,25 +79,32 @@ def local_cluster(workers: int = WORKERS, **settings: str) -> Iterator[tuple[str
     gone: every process of every node."""
     # Short: Ray's Unix sockets live under it (a pytest tmp_path is too long for them).
     state = Path(tempfile.mkdtemp(prefix="prc-", dir="/tmp"))
-    port = _free_base_port(workers)
     env = _env(
         PERFED_CLUSTER_DIR=str(state),
-        PERFED_CLUSTER_PORT=str(port),
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=secrets.token_hex(32),
         RAY_ADDRESS=None,
         **settings,
     )
     try:
-        up = subprocess.run(
-            ["bash", str(LOCAL_SH), "up", str(workers)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert up.returncode == 0, up.stdout + up.stderr
-        yield f"127.0.0.1:{port}", env, state
+        # The ports are free when probed, but Ray binds them later and another process
+        # (other tests' Rays on a shared machine) may take one first: a start that fails
+        # (local.sh stops what it started) is tried again on other ports.
+        failures = []
+        for _ in range(3):
+            env["PERFED_CLUSTER_PORT"] = str(_free_base_port(workers))
+            up = subprocess.run(
+                ["bash", str(LOCAL_SH), "up", str(workers)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            if up.returncode == 0:
+                break
+            failures.append(up.stdout + up.stderr)
+        assert up.returncode == 0, "\n".join(failures)
+        yield f"127.0.0.1:{env['PERFED_CLUSTER_PORT']}", env, state
     finally:
         pids = (
             [int(line.split()[0]) for line in (state / "pids").read_text().splitlines()]
@@ -137,24 +145,26 @@ def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProce
 def test_an_address_where_nothing_listens_is_reported_at_once(tmp_path):
     """At once: by the probe of the port before Ray is asked (whose own attempts go on
     retrying), so the refused connection is the error's reason, and no run begins."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    result = cli(
-        "run",
-        "--set",
-        "dataset=gaussian",
-        "--set",
-        "n_users=2",
-        "--set",
-        "fraction=0.5",
-        "--address",
-        f"127.0.0.1:{closed}",
-        "--out",
-        str(tmp_path / "out"),
-        env=_env(),
-        cwd=tmp_path,
-    )
+    with socket.socket() as held:
+        # Bound and never listening: a connection is refused, and no other process can
+        # take the port before the CLI tries it (as it could once the socket closed).
+        held.bind(("127.0.0.1", 0))
+        closed = held.getsockname()[1]
+        result = cli(
+            "run",
+            "--set",
+            "dataset=gaussian",
+            "--set",
+            "n_users=2",
+            "--set",
+            "fraction=0.5",
+            "--address",
+            f"127.0.0.1:{closed}",
+            "--out",
+            str(tmp_path / "out"),
+            env=_env(),
+            cwd=tmp_path,
+        )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: cannot reach a Ray cluster at 127.0.0.1:{closed} (Connection refused): "

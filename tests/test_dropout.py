@@ -47,7 +47,7 @@ def test_simple_cnn_is_pfl_researchs_benchmark_cnn():
 
 def _work(users: int, tau: int, batch: int = 4, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.rand(users, tau, 3, batch, *FEATURES, generator=gen)
+    x = torch.rand(users, tau, 3, batch, *FEATURES, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 10, (users, tau, 3, batch), generator=gen)
     model = build_model("simple_cnn", IMAGE, 10, seed=0)
     masks = round_masks(

@@ -120,12 +120,14 @@ def test_a_damaged_checkpoint_or_record_is_one_line_and_exit_2(
     assert _status(out) == "interrupted"  # and the row still says how it last ended
 
 
+# Holds the lock until the test closes its stdin (or kills it): for as long as the test
+# needs, however slow the machine, where a sleep's end could free it mid-test.
 HOLD = """
-import sys, time
+import sys
 from perfed_ray.runtime.lock import RunLock
 RunLock(sys.argv[1]).acquire("resumed")
 print("held", flush=True)
-time.sleep(120)
+sys.stdin.read()
 """
 
 
@@ -136,7 +138,10 @@ def test_a_run_being_resumed_is_refused_until_its_driver_ends(stopped_run, tmp_p
     out, run_dir = _copy(stopped_run, tmp_path)
     run_id = run_dir.name.removeprefix("run_id=")
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline() == "held\n"

@@ -7,6 +7,7 @@ validation samples."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -32,6 +33,7 @@ from perfed_ray.errors import ConfigError
 from perfed_ray.lifecycle import RunLife
 from perfed_ray.results.layout import SWEEPS
 from perfed_ray.runtime.checkpoint import RunStore
+from perfed_ray.runtime.lock import RunLock
 from perfed_ray.sweep import spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,10 +307,30 @@ def _poll(out: Path, process: subprocess.Popen, ready) -> None:
         time.sleep(0.05)
 
 
-def _mid_run(runs: pd.DataFrame, rounds: pd.DataFrame) -> bool:
-    """Some trial has rounds written and is not finished."""
+def _mid_run(runs: pd.DataFrame, rounds: pd.DataFrame) -> set[str]:
+    """The trials with rounds written that have not finished."""
     running = runs.loc[runs["status"] == "running", "run_id"]
-    return bool(set(running) & set(rounds["run_id"]))
+    return set(running) & set(rounds["run_id"])
+
+
+def _frozen_mid_run(out: Path, process: subprocess.Popen) -> int:
+    """Once a trial has finished: a trial mid-run frozen by SIGSTOP to its driver (the
+    process whose id its run's lock holds), and that process's id. A trial seen mid-run
+    may finish before the signal lands, so the tables are read again once it is
+    frozen: mid-run still, it stays so for as long as the test needs; finished, it is
+    let go on and another is looked for."""
+    while True:
+        _poll(out, process, lambda runs, rounds: (runs["status"] == "finished").any())
+        _poll(out, process, lambda runs, rounds: bool(_mid_run(runs, rounds)))
+        for run_id in _mid_run(read_runs(out), read_table(out, "rounds")):
+            try:  # a trial that has just ended may have let its lock go, or its process
+                pid = int((RunStore(out, run_id).folder / RunLock.FILE).read_text().split()[0])
+                os.kill(pid, signal.SIGSTOP)
+            except (FileNotFoundError, IndexError, ProcessLookupError):
+                continue
+            if run_id in _mid_run(read_runs(out), read_table(out, "rounds")):
+                return pid
+            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.slow
@@ -322,13 +344,11 @@ def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(
     first = _sweep([str(_write(tmp_path, SWEEP)), "--out", str(out)], address)
     # Killed once a trial has finished while another is mid-run: one to skip, one to
     # continue from its checkpoint, and maybe some not started.
-    _poll(
-        out,
-        first,
-        lambda runs, rounds: (runs["status"] == "finished").any() and _mid_run(runs, rounds),
-    )
+    trial = _frozen_mid_run(out, first)
     first.kill()
     first.communicate(timeout=60)
+    with contextlib.suppress(ProcessLookupError):  # Ray may have ended it already
+        os.kill(trial, signal.SIGKILL)  # where it was frozen
     assert "running" in set(read_runs(out)["status"])  # killed: no chance to say otherwise
 
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
