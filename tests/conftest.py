@@ -149,10 +149,20 @@ def run_cells_here(cells: list, out: Path, jobs: int) -> int:
     return run_cells_in_process(cells, out, jobs)
 
 
-def each_users_model(ray_session, actor, weights, users: list[int], round_: int, **train) -> dict:
-    """Each user's model after its local work in `round_`, a call of the actor's `train`
-    per user: an actor sends only sums, and one user's sum is its model times its weight."""
-    parts = ray_session.get([actor.train.remote(weights, [u], round_, **train) for u in users])
+def round_sum(ray_session, actor, weights, users: list[int], round_: int, postprocess=None):
+    """The actor's sum of `users`' models after their local work in synchronous round k,
+    each through `postprocess` first if given: one step's `work` call, as a round sends it."""
+    from perfed_ray.runtime.messages import Batch
+
+    batch = Batch(round_, users, postprocess=postprocess)
+    [part] = ray_session.get(actor.work.remote(weights, [batch]))
+    return part
+
+
+def each_users_model(ray_session, actor, weights, users: list[int], round_: int, **step) -> dict:
+    """Each user's model after its local work in `round_`, a call of the actor's per
+    user: an actor sends only sums, and one user's sum is its model times its weight."""
+    parts = [round_sum(ray_session, actor, weights, [u], round_, **step) for u in users]
     return {u: part.total / part.weight for u, part in zip(users, parts, strict=True)}
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import TINY
+from conftest import TINY, each_users_model
 
 import perfed_ray
 from perfed_ray import cli
@@ -359,18 +359,18 @@ def test_the_guides_strategy_keeps_central_privacy_on(ray_session, tmp_path, mon
     actor = simulation.actor_factory(prepared, Placement([range(4)], 1.0, 0.0))(0, 0)
     w0 = REGISTRIES["strategy"].load(cfg.strategy)(cfg).init(template).weights
     users = [0, 1, 2, 3]
-    plain = ray_session.get(actor.train.remote(w0, users, 1, per_user=True))
+    plain = each_users_model(ray_session, actor, w0, users, 1)
     w = w0.astype(np.float64)
-    norms = [np.linalg.norm(plain.per_user[u] - w) for u in users]
+    norms = [np.linalg.norm(plain[u] - w) for u in users]
     clip = min(norms) / 2  # the bound clips every user's update, far below DPMean's 1.0
     values["privacy.clip"] = clip
     cfg = from_mapping(values)
     strategy = REGISTRIES["strategy"].load(cfg.strategy)(cfg)
     chain = strategy.postprocess_users(1, strategy.init(template))
-    got = ray_session.get(actor.train.remote(w0, users, 1, per_user=True, postprocess=chain))
+    got = each_users_model(ray_session, actor, w0, users, 1, postprocess=chain)
     ray_session.kill(actor)
     for u in users:
-        assert np.linalg.norm(got.per_user[u] - w) <= clip * (1 + 1e-6)
+        assert np.linalg.norm(got[u] - w) <= clip * (1 + 1e-6)
     result = perfed_ray.simulate(values, tmp_path / "out", progress=False)
     saved = RunStore(tmp_path / "out", result.run_id).load()
     assert saved.server.extra["rounds"].tolist() == [float(TINY["rounds"])]

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import each_users_model, round_sum
 
 import perfed_ray
 from perfed_ray.config import from_mapping
@@ -480,11 +481,11 @@ def test_a_small_bound_holds_to_rounding_of_the_update_on_the_cifar_cnn(ray_sess
     step = ClipUpdates(clip, Strategy(cfg).algorithm.shared(template), False, False)
     w64 = w.astype(np.float64)
     for u in (0, 1):
-        plain = ray_session.get(actor.train.remote(w, [u], 1, per_user=True)).per_user[u]
-        update = plain.astype(np.float64) - w64
+        plain = each_users_model(ray_session, actor, w, [u], 1)[u]
+        update = plain - w64
         assert np.linalg.norm(update) > 2 * clip  # clipped: the bound is what it keeps
         exact = update * clip / np.linalg.norm(update)
-        one = ray_session.get(actor.train.remote(w, [u], 1, postprocess=step))
+        one = round_sum(ray_session, actor, w, [u], 1, postprocess=step)
         contribution = one.total - w64
         assert np.linalg.norm(contribution - exact) <= 1e-6 * clip
         assert np.linalg.norm(contribution) <= clip * (1 + 1e-6)

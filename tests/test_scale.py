@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import each_users_model
+from conftest import each_users_model, round_sum
 
 import perfed_ray
 from perfed_ray.api import simulate
@@ -141,7 +141,7 @@ def test_actor_batched_update_matches_the_learner_one_user_at_a_time(ray_session
     actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     source = prepared.source([0, 1, 2, 3])
     weights = simulation.initial_weights(cfg, source)
-    result = ray_session.get(actor.train.remote(weights, [0, 2, 3], 5))
+    result = round_sum(ray_session, actor, weights, [0, 2, 3], 5)
     each = each_users_model(ray_session, actor, weights, [0, 2, 3], 5)
     ray_session.kill(actor)
 
@@ -177,7 +177,7 @@ def test_sample_weighted_aggregation_weights_each_user_by_its_training_samples(r
     prepared = simulation.prepare(cfg)
     actor = actor_factory(prepared, Placement([[0, 1, 2, 3]], 1.0, 0.0))(0, 0)
     weights = simulation.initial_weights(cfg, prepared.source([0]))
-    result = ray_session.get(actor.train.remote(weights, [0, 1, 3], 1))
+    result = round_sum(ray_session, actor, weights, [0, 1, 3], 1)
     each = each_users_model(ray_session, actor, weights, [0, 1, 3], 1)
     ray_session.kill(actor)
     n = {u: len(prepared.users[u].train) for u in (0, 1, 3)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import round_sum
 
 from perfed_ray.algorithms import client_update
 from perfed_ray.algorithms.fedrep import head_keys
@@ -127,7 +128,7 @@ def test_the_actor_makes_the_drivers_w0_from_the_seed(ray_session, name):
     server = _global(prepared)
     flat = FlatParams(server)
     actor = actor_factory(prepared, Placement([USERS], 1.0, 0.0))(0, 0)
-    ray_session.get(actor.train.remote(flat.flatten(server), USERS, ROUND))
+    round_sum(ray_session, actor, flat.flatten(server), USERS, ROUND)
     vectors = ray_session.get(actor.user_states.remote())
     ray_session.kill(actor)
     w0 = flat.unflatten(simulation.initial_weights(prepared.cfg, prepared.source(USERS)))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import each_users_model
+from conftest import each_users_model, round_sum
 
 import perfed_ray
 from perfed_ray.config import ConfigError, from_mapping
@@ -80,7 +80,7 @@ def hooked(monkeypatch, ray_session):
 def test_the_actor_applies_the_step_to_each_users_model_before_the_sum(hooked, ray_session):
     module, _, actor, w0, reporting, plain = hooked
     step = module.Clip(module.BOUND)
-    got = ray_session.get(actor.train.remote(w0, reporting, 1, postprocess=step))
+    got = round_sum(ray_session, actor, w0, reporting, 1, postprocess=step)
     each = each_users_model(ray_session, actor, w0, reporting, 1, postprocess=step)
     w = w0.astype(np.float64)
     norms = [np.linalg.norm(plain[u] - w) for u in reporting]
@@ -104,7 +104,7 @@ def test_no_users_clipped_update_leaves_its_actor_longer_than_the_bound(hooked, 
     bound = float(low + high) / 2  # some users are clipped, some are not, none on the edge
     keys = tuple(Strategy(cfg).algorithm.shared(_template(cfg)))
     step = ClipUpdates(bound, keys, per_layer=False, count_unclipped=True)
-    got = ray_session.get(actor.train.remote(w0, reporting, 1, postprocess=step))
+    got = round_sum(ray_session, actor, w0, reporting, 1, postprocess=step)
     each = each_users_model(ray_session, actor, w0, reporting, 1, postprocess=step)
     for u, norm in zip(reporting, norms, strict=True):
         update = each[u] - w

@@ -115,26 +115,6 @@ class UserActor:
             "peak_memory_bytes": peak_memory_bytes(),
         }
 
-    def train(
-        self,
-        weights: np.ndarray,
-        users: list[int],
-        round_: int,
-        aggregated: list[int] | None = None,
-        guests: list[ray.ObjectRef] | None = None,
-        postprocess: UserPostprocessor | None = None,
-    ) -> UpdateSum:
-        """Local updates of the given users from the global weights, weighted and summed
-        over the `aggregated` ones (all of them unless given: with `trained_users: all`
-        every user trains, its state moves on, and only the sampled ones are summed),
-        each of their models through the strategy's `postprocess` first, if it gave one.
-        `guests`: the states of the users among them that other actors host (balanced
-        rounds), as their hosts handed them over; their new states are sent back."""
-        clock = time.perf_counter()
-        start = self.flat.unflatten(weights, self.device)  # never modified in place
-        visiting = self._visiting(users, guests)
-        return self._round(start, users, round_, aggregated, visiting, clock, postprocess)
-
     def work(
         self,
         weights: np.ndarray,
@@ -143,9 +123,12 @@ class UserActor:
     ) -> list[UpdateSum]:
         """Server steps' work in one call, in order, all from the same weights (several
         only for a method whose server's model never moves, `fixed_server`): a
-        synchronous round's users trained and summed as `train` does them, or an
+        synchronous round's users trained (their states moving on) and the reporting ones
+        among them summed, each model through the step's `postprocess` first, or an
         asynchronous step's tasks trained and held, then the held updates it asks for
-        summed. One sum a step. `guests`: as `train` takes them (one step)."""
+        summed. One sum a step. `guests`: the states of the users among them that other
+        actors host (balanced rounds, one step), as their hosts handed them over; their
+        new states are sent back."""
         clock = time.perf_counter()
         start = self.flat.unflatten(weights, self.device)
         visiting = self._visiting(batches[0].users, guests)
