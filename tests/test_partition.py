@@ -81,6 +81,19 @@ def test_iid_and_dirichlet_are_disjoint_and_share_out_everything(mnist, extra):
         assert spread > 0.05
 
 
+def test_dirichlet_gives_every_user_a_test_image(mnist):
+    """Dirichlet(0.3) over 1,000 users (the asynchronous experiment's split): seed 1's
+    first draw left a user no test image, so its evaluation failed; the draw is
+    resampled until every user has one, and a first draw that passes is kept."""
+    values = {"dataset": "mnist", "partition": "dirichlet", "dirichlet_alpha": 0.3}
+    cfg = from_mapping({**values, "n_users": 1000, "batch_size": 5, "seed": 1})
+    assert min(len(u.test) for u in partition(cfg, mnist)) >= 1
+    twenty = from_mapping({**values, "n_users": 20})  # passes at once: the same split
+    assert [len(u.test) for u in partition(twenty, mnist)] == [
+        len(u.test) for u in partition(twenty, mnist)
+    ]
+
+
 def test_too_many_users_for_the_paper_split_is_a_clear_error(mnist):
     pattern = r"training set has \d+ samples of class 0, but the partition needs .*lower n_users"
     with pytest.raises(DataError, match=pattern):

@@ -170,17 +170,20 @@ def iid(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
 
 def dirichlet(cfg: RunConfig, data: DataArrays, rng: np.random.Generator) -> Counts:
     """Class proportions over users from Dir(dirichlet_alpha) (Hsu et al. 2019)."""
-    for _ in range(100):  # resample until every user can fill a batch
+    # Resampled until every user can fill a batch and has a test image to be scored on
+    # (a draw that passes at once is kept, so earlier runs' splits do not change).
+    for _ in range(100):
         proportions = rng.dirichlet(
             np.full(cfg.n_users, cfg.dirichlet_alpha), size=data.n_classes
         ).T
         counts = _proportional(cfg, data, proportions)
-        if counts.train.sum(axis=1).min() >= cfg.batch_size:
+        if counts.train.sum(axis=1).min() >= cfg.batch_size and counts.test.sum(axis=1).min():
             return counts
     raise DataError(
         f"dirichlet partition with dirichlet_alpha = {cfg.dirichlet_alpha} keeps "
         f"leaving some of the {cfg.n_users} users fewer than batch_size = "
-        f"{cfg.batch_size} samples: raise dirichlet_alpha or lower n_users"
+        f"{cfg.batch_size} training samples or no test sample: raise dirichlet_alpha or "
+        f"lower n_users"
     )
 
 
