@@ -123,8 +123,8 @@ def test_a_worker_lost_with_room_rolls_per_user_state_back_to_the_same_rows(ray_
 def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matches(
     ray_session, tmp_path
 ):
-    """The head's loss ends the driver (Ray's reconnection bound, shortened here); the
-    run, marked as running, continues with --resume on a new cluster to a local run's
+    """The head's loss ends the driver (Ray's reconnection bound, shortened here, or the
+    lost connection's error first); the run continues with --resume on a new cluster to a local run's
     rows. On that cluster, a sweep whose trial loses a node (its driver or its actors:
     Tune restores the trial from its checkpoint, or its pool replaces the actors) gives
     the tables of an undisturbed run."""
@@ -135,7 +135,10 @@ def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matche
             config, out, address, env, node=0, RAY_gcs_rpc_server_reconnect_timeout_s="5"
         )
     assert code != 0, stderr
-    assert read_table(out, "runs")["status"].iloc[0] == "running"  # the driver is gone
+    # The driver is gone: killed by Ray when the head stayed away past the reconnection
+    # bound (its row still says running), or first failed on the lost connection (its
+    # row says failed, with that line); either way resumable.
+    assert read_table(out, "runs")["status"].iloc[0] in ("running", "failed")
     [run_dir] = (out / "checkpoints").iterdir()
     with local_cluster(2, PERFED_CLUSTER_CPUS="2", **FAST_DETECTION) as (address, env, _):
         resumed = cli("run", "--resume", str(run_dir), "--address", address, env=env, cwd=tmp_path)
