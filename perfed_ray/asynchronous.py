@@ -157,7 +157,7 @@ class Asynchronous(Strategy):
         hp, key = self.hparams, schedule.version + 1
         taken = np.array(sorted(schedule.busy() | schedule.drawn), dtype=np.int64)
         pool = np.arange(hp.n_users) if not hp.unseen_count else self._seen
-        idle = np.setdiff1d(pool, taken, assume_unique=True) if len(taken) else pool
+        idle = np.delete(pool, np.searchsorted(pool, taken))  # the taken are drawn from pool
         rng = (
             numpy_rng(hp.seed, Stream.USER_SAMPLING, key)
             if schedule.draws == 0
@@ -165,7 +165,7 @@ class Asynchronous(Strategy):
         )
         schedule.draws += 1
         now = schedule.now
-        users = draw_online(rng, idle, need, lambda u: timing.online(u, now))
+        users = draw_online(rng, idle, need, lambda users: timing.online(users, now))
         for user in users:
             schedule.drawn.add(user)
             schedule.push(timing.task(schedule.new_id(), user, schedule.version, now))

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from perfed_ray.algorithms.base import make_algorithm
 from perfed_ray.config import RunConfig
 from perfed_ray.registry import REGISTRIES
@@ -102,8 +104,9 @@ class Timing:
         device = self.devices.device(user)
         return float(self._seconds(device, self.model_bytes, self.model_bytes, samples))
 
-    def online(self, user: int, t: float) -> bool:
-        return bool(self.availability.online(user, t))
+    def online(self, users: np.ndarray, t: float) -> np.ndarray:
+        """Whether each of `users` is online at `t`, in one vectorised question."""
+        return self.availability.online_array(users, t)
 
     def next_online(self, user: int, t: float) -> float:
         return float(self.availability.next_online(user, t))

@@ -65,23 +65,29 @@ class ServerState:
 
 
 def draw_online(
-    rng: np.random.Generator, candidates: np.ndarray, m: int, online: Callable[[int], bool]
+    rng: np.random.Generator,
+    candidates: np.ndarray,
+    m: int,
+    online: Callable[[np.ndarray], np.ndarray],
 ) -> list[int]:
-    """m of the `candidates` that are online, uniformly without replacement: m drawn,
-    those offline put back out of reach and the missing ones drawn from the rest, until
-    m are online or none is left. Online users are exchangeable in it, so the result is
-    uniform among them, and it asks about as few users as it draws: where everyone is
-    online it is one ``choice`` of m (the draw Algorithm 1's rounds always made),
-    whatever the population. Sorted."""
+    """m of the `candidates` (sorted, distinct) that are online, uniformly without
+    replacement: m drawn, those offline put back out of reach and the missing ones drawn
+    from the rest, until m are online or none is left. Online users are exchangeable in
+    it, so the result is uniform among them, and it asks about as few users as it draws:
+    where everyone is online it is one ``choice`` of m (the draw Algorithm 1's rounds
+    always made), whatever the population. The draws are positions in the sorted users
+    left, taken out by position, so a redraw costs a copy of them and no sort: the
+    driver's cost per arrival stays flat in the population. Sorted."""
     chosen: list[int] = []
     left = candidates
     while len(chosen) < m and len(left):
-        picked = rng.choice(left, size=min(m - len(chosen), len(left)), replace=False)
-        found = [int(u) for u in picked if online(int(u))]
-        chosen += found
-        if len(found) == len(picked):
+        at = rng.choice(len(left), size=min(m - len(chosen), len(left)), replace=False)
+        picked = left[at]
+        up = online(picked)
+        chosen += picked[up].tolist()
+        if up.all():
             break
-        left = np.setdiff1d(left, picked, assume_unique=True)
+        left = np.delete(left, at)
     return sorted(chosen)
 
 
@@ -224,22 +230,26 @@ class Strategy:
         hp = self.hparams
         return math.ceil(hp.overcommit * hp.users_per_round - 1e-9)
 
-    def sample(self, round_: int, online: Callable[[int], bool] | None = None) -> list[int]:
+    def sample(
+        self, round_: int, online: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> list[int]:
         """The users round k aggregates: never an unseen one, only `online` ones (all
-        users by default), ceil(overcommit * m) of them (m unless over-committed)."""
+        users by default; `online` answers for an array of users at once),
+        ceil(overcommit * m) of them (m unless over-committed)."""
         hp = self.hparams
-        online = online or (lambda _: True)
+        online = online or (lambda users: np.ones(len(users), dtype=bool))
         rng = numpy_rng(hp.seed, Stream.USER_SAMPLING, round_)
         seen = self._seen
         if hp.sampling == "poisson":
             joins = rng.random(len(seen))
-            return [int(u) for u in seen[joins < hp.fraction] if online(int(u))]
+            joined = seen[joins < hp.fraction]
+            return joined[online(joined)].tolist()
         if hp.sampling == "uniform":
             pool = np.arange(hp.n_users) if not hp.unseen_count else seen
             return draw_online(rng, pool, self.drawn, online)
         if self.sizes is None:
             raise ValueError("sampling: samples needs the users' training sizes")
-        pool = np.array([u for u in seen if online(int(u))], dtype=np.int64)
+        pool = seen[online(seen)]
         p = self.sizes[pool] / self.sizes[pool].sum()
         m = min(self.drawn, len(pool))
         return sorted(int(u) for u in rng.choice(pool, m, replace=False, p=p))
@@ -263,7 +273,7 @@ class Strategy:
         kept task arrives, or when its last task is resolved if fewer than m arrive;
         nobody online: when the first user comes online. The kept users report."""
         now = schedule.now
-        users = self.sample(round_, lambda u: timing.online(u, now))
+        users = self.sample(round_, lambda users: timing.online(users, now))
         who = self.participation(round_, users)
         gone = {**dict.fromkeys(who.dropped, "dropped"), **dict.fromkeys(who.late, "late")}
         tasks = []
