@@ -338,9 +338,13 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
         monkeypatch.delenv(variable, raising=False)  # the script sets them: put back after
     rows = _smoke_here("trackers", tmp_path, monkeypatch).set_index("mode")
     assert list(rows.index) == ["off", "tensorboard", "mlflow", "wandb", "tensorboard,mlflow,wandb"]
-    assert (rows.loc["off", ["thread_seconds_per_round", "tracker_start_seconds"]] == 0).all()
+    idle = ["thread_seconds_per_round", "thread_cpu_seconds_per_round", "tracker_start_seconds"]
+    assert (rows.loc["off", idle] == 0).all()
     on = rows.drop(index="off")
     assert (on[["driver_seconds_per_round", "thread_seconds_per_round"]] > 0).all().all()
+    # the thread's CPU time is some, and never more than its clock time
+    cpu = on["thread_cpu_seconds_per_round"]
+    assert (cpu > 0).all() and (cpu <= on["thread_seconds_per_round"]).all()
     assert (on["tracker_start_seconds"] > 0).all() and (on["tracker_end_seconds"] > 0).all()
     share = (on["driver_seconds_per_round"] + on["thread_seconds_per_round"]) / on["round_seconds"]
     assert on["share_of_round"].to_numpy() == pytest.approx(share.to_numpy())

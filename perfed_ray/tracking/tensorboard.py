@@ -4,8 +4,9 @@ sweep's trials under ``<out>/tensorboard/<sweep>/<run_id>/``, so that one
 
 Written with PyTorch's own ``torch.utils.tensorboard.SummaryWriter`` (torch is
 installed anyway; the ``tensorboard`` extra brings the package it writes with and
-the viewer). Each metric is a scalar whose step is the round; where the run has a
-simulated clock, the round's scalars carry its time as their wall time, so
+the viewer). Each metric is a scalar whose step is the round; a round's scalars are
+one event (one record to build, queue and write, not one per metric); where the run
+has a simulated clock, the round's scalars carry its time as their wall time, so
 TensorBoard's `Relative` and `Wall` axes are simulated time. The configuration
 goes to the HParams tab, the summary to scalars ``summary/<column>`` and a text.
 """
@@ -43,8 +44,10 @@ class TensorBoard(Tracker):
         return {}
 
     def log(self, step: int, metrics: dict[str, float], sim_time: float | None) -> None:
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step, walltime=sim_time)
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in metrics.items()]
+        self.writer.file_writer.add_summary(Summary(value=values), step, sim_time)
 
     def flush(self) -> None:
         self.writer.flush()
