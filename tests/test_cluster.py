@@ -247,9 +247,12 @@ def test_workers_run_the_drivers_code_shipped_through_runtime_env(cluster, tmp_p
         f"connect({address!r})\n"
         "@ray.remote(num_cpus=0.5, scheduling_strategy='SPREAD')\n"
         "def where():\n"
-        "    import perfed_ray\n"
+        "    import time, perfed_ray\n"
+        # held a second, so that the tasks overlap and SPREAD has to use every node
+        # (tasks that end at once may all be served by one node's workers under load)
+        "    time.sleep(1)\n"
         "    return ray.get_runtime_context().get_node_id(), perfed_ray.__file__\n"
-        "for node, path in set(ray.get([where.remote() for _ in range(4)])):\n"
+        "for node, path in set(ray.get([where.remote() for _ in range(8)])):\n"
         "    print(node, path)\n"
     )
     result = subprocess.run(
