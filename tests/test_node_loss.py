@@ -124,8 +124,8 @@ def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matche
     ray_session, tmp_path
 ):
     """The head's loss ends the driver (Ray's reconnection bound, shortened here, or the
-    lost connection's error first); the run continues with --resume on a new cluster to a local run's
-    rows. On that cluster, a sweep whose trial loses a node (its driver or its actors:
+    lost connection's error first); the run continues with --resume on a new cluster to
+    a local run's rows. On that cluster, a sweep whose trial loses a node (its driver or its actors:
     Tune restores the trial from its checkpoint, or its pool replaces the actors) gives
     the tables of an undisturbed run."""
     config = _config(tmp_path, algorithm="fedavg")

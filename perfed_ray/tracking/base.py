@@ -29,7 +29,9 @@ from perfed_ray.errors import ConfigError
 class TrackedRun:
     """The run a tracker follows. `kept` is what this tracker's :meth:`Tracker.start`
     returned in the run's earlier sitting (empty for a new run): the ids it needs to
-    continue the same tracker run."""
+    continue the same tracker run. `logged`: the last step the earlier sittings made
+    durable in it (-1: none); this sitting logs the steps after it, so a tracker whose
+    store may hold later steps written before a kill hides them (TensorBoard's purge)."""
 
     run_id: str
     config: dict[str, Any]  # every configuration key, as the runs table has it
@@ -37,6 +39,7 @@ class TrackedRun:
     resumed: bool
     group: str | None  # the sweep the run is a trial of
     kept: dict[str, str]
+    logged: int = -1
 
 
 class Tracker:

@@ -108,7 +108,8 @@ class TrackerFeed:
         for name in names:
             tracker = TRACKERS.load(name)()
             ids = {k: v for k, v in self.kept[name].items() if k != "step"}
-            started = self._call(name, tracker.start, replace(run, kept=ids))
+            logged = int(self.kept[name].get("step", -1))
+            started = self._call(name, tracker.start, replace(run, kept=ids, logged=logged))
             if started is not None:
                 self.trackers[name] = tracker
                 self.kept[name] = {**self.kept[name], **started}

@@ -34,7 +34,11 @@ class TensorBoard(Tracker):
 
         root = Path(run.config.get("tensorboard_dir") or run.out / TENSORBOARD)
         folder = root / run.group / run.run_id if run.group else root / run.run_id
-        self.writer = SummaryWriter(str(folder))
+        # A resumed run logs again every step after the last one kept: events of those
+        # steps that the killed sitting wrote are purged (TensorBoard's restart marker,
+        # which its readers honour), so that each step is read once.
+        purge = run.logged + 1 if run.resumed else None
+        self.writer = SummaryWriter(str(folder), purge_step=purge)
         if not run.resumed:  # the HParams tab reads the first session's
             values = {
                 k: v if isinstance(v, (int, float, str)) else str(v) for k, v in run.config.items()
