@@ -22,7 +22,6 @@ from conftest import TINY, killed_mid_round
 
 from perfed_ray.analysis import final_accuracy
 from perfed_ray.api import simulate
-from perfed_ray.cli import main
 from perfed_ray.config import from_mapping
 from perfed_ray.errors import ConfigError
 from perfed_ray.results.reader import read_table
@@ -50,6 +49,10 @@ def offline(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_PROJECT", "perfed-ray-tests")
+    # W&B names the service its first run in a process started in the environment, so
+    # that the processes this one starts share it: a killed run's sitting would then
+    # live on in this process's service and hold its W&B run for good.
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     return tmp_path
 
 
@@ -259,7 +262,15 @@ def test_a_run_killed_mid_round_and_resumed_logs_no_step_twice(ray_session, offl
     run_id = run_dir.name.removeprefix("run_id=")
     first = json.loads(_kept(out, run_id))  # rows up to round 4 were written, 3 checkpointed
     assert set(first) == set(ALL) and all(0 <= kept["step"] <= 4 for kept in first.values())
-    assert main(["run", "--quiet", "--resume", str(run_dir)]) == 0
+    # Resumed as a user resumes a killed run, by a new command: W&B keeps settings and
+    # a service per process, which this test process's earlier runs have set up.
+    resumed = subprocess.run(
+        [sys.executable, "-m", "perfed_ray.cli", "run", "--quiet", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr
     events = read_table(out, "events")
     assert events.empty or "tracker-failed" not in set(events["kind"]), events["detail"]
     kept = json.loads(_kept(out, run_id))

@@ -42,6 +42,9 @@ class WandB(Tracker):
                     group=run.group,
                     config=run.config,
                     reinit="create_new",  # a process's runs (a notebook's, tests') side by side
+                    # read now, not as W&B's settings cached them at the process's first run
+                    dir=os.environ.get("WANDB_DIR"),
+                    mode=os.environ.get("WANDB_MODE"),
                     settings=settings,
                 )
                 return {"id": self.run.id}
