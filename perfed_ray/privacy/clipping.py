@@ -68,25 +68,41 @@ class ClipUpdates(UserPostprocessor):
         scale = (self.bound / norms.clamp_min(1e-30)).clamp(max=1.0)
         return dict.fromkeys(updates, scale)
 
-    def statistics(self, server: Params, models: Params, users: list[int]) -> dict[str, float]:
+    def _clip(
+        self, server: Params, models: Params
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The users' clipped shared updates in float64, each leaf stacked along the
+        user axis, and the factors that clipped them."""
+        updates = self._updates(server, models)
+        scales = self._scales(updates)
+        return {k: u * _per_user(scales[k], u) for k, u in updates.items()}, scales
+
+    def _count(self, scales: dict[str, torch.Tensor], users: list[int]) -> dict[str, float]:
         if not self.count_unclipped:
             return {}
-        scales = self._scales(self._updates(server, models))
         # a user is unclipped when no part of its update was scaled down (per tensor,
         # with per_layer): the fraction adaptive clipping steers towards its quantile
         whole = torch.stack([s >= 1.0 for s in scales.values()]).all(0)
         return {UNCLIPPED: float(whole.sum()) - len(users) / 2}
 
-    def clipped(self, server: Params, models: Params) -> dict[str, torch.Tensor]:
-        """The users' clipped shared updates in float64, each leaf stacked along the
-        user axis."""
-        updates = self._updates(server, models)
-        scales = self._scales(updates)
-        return {k: u * _per_user(scales[k], u) for k, u in updates.items()}
+    def _summed(
+        self, server: Params, models: Params, updates: dict[str, torch.Tensor], users: list[int]
+    ) -> Params:
+        """The models the sum takes from the users' clipped updates."""
+        return _models(server, models, updates)
+
+    def apply(
+        self, server: Params, models: Params, users: list[int]
+    ) -> tuple[Params, dict[str, float]]:
+        """The step and its count from one pass over the updates (the actor's call)."""
+        updates, scales = self._clip(server, models)
+        return self._summed(server, models, updates, users), self._count(scales, users)
 
     def __call__(self, server: Params, models: Params, users: list[int]) -> Params:
-        updates = self.clipped(server, models)
-        return _models(server, models, updates)
+        return self._summed(server, models, self._clip(server, models)[0], users)
+
+    def statistics(self, server: Params, models: Params, users: list[int]) -> dict[str, float]:
+        return self._count(self._scales(self._updates(server, models)), users)
 
 
 class NoisyUpdates(ClipUpdates):
@@ -108,8 +124,10 @@ class NoisyUpdates(ClipUpdates):
         self.seed = seed
         self.round = round_
 
-    def __call__(self, server: Params, models: Params, users: list[int]) -> Params:
-        updates = self.clipped(server, models)
+    def _summed(
+        self, server: Params, models: Params, updates: dict[str, torch.Tensor], users: list[int]
+    ) -> Params:
+        """The models the sum takes from the users' clipped updates, each noised."""
         sizes = [server[k].numel() for k in self.shared]
         for i, user in enumerate(users):
             gen = torch_generator(self.seed, Stream.LOCAL_NOISE, self.round, user)
