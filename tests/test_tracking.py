@@ -14,6 +14,7 @@ import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -294,6 +295,55 @@ def test_a_run_killed_mid_round_and_resumed_logs_no_step_twice(ray_session, offl
     assert_equal(by_name, want)
 
 
+def _rounds(steps: range, **more: list) -> dict:
+    import pyarrow as pa
+
+    columns = {"round": list(steps), "train_loss": [1.0 + s for s in steps], **more}
+    return {"rounds": pa.table(columns)}
+
+
+def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp_path, monkeypatch):
+    """A kill between a tracker's being sent steps and their being counted leaves them
+    in doubt (trackers.json: sent beyond step). The resumed run sends them again to a
+    tracker that drops what it holds (MLflow asks its history: each step once, with
+    the killed sitting's values where it holds them), and not to one that cannot tell
+    (as W&B offline: it may miss them, never holds them twice)."""
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+    from perfed_ray.tracking.feed import KEPT
+
+    _needs("mlflow")
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import sinks
+
+    names = ["mlflow", "sinks:Recording", "sinks:RecordingNoResend"]
+    out, folder = tmp_path / "out", tmp_path / "checkpoint"
+    writer = RunWriter(out, "r1", from_mapping(TINY))
+    run = TrackedRun("r1", {"seed": 1}, out, False, None, {})
+    first = TrackerFeed(run, names, folder, writer)
+    first(_rounds(range(0, 3)))
+    first(_rounds(range(3, 5)))
+    first.close()
+    kept = json.loads((folder / KEPT).read_text())
+    assert [kept[n]["step"] for n in names] == [4, 4, 4] == [kept[n]["sent"] for n in names]
+    # As a kill after the second write's sending and before its count leaves the file.
+    for name in names:
+        kept[name]["step"] = 2
+    (folder / KEPT).write_text(json.dumps(kept))
+    client, [tracked] = mlflow_runs(tmp_path)
+    sinks.Recording.sent.clear()
+    sinks.RecordingNoResend.sent.clear()
+
+    second = TrackerFeed(replace(run, resumed=True), names, folder, writer)
+    second(_rounds(range(3, 7), n_sampled=[4, 4, 4, 4]))  # a metric the store lacks
+    second.close()
+    assert sinks.Recording.sent == [3, 4, 5, 6]
+    assert sinks.RecordingNoResend.sent == [5, 6]
+    got = mlflow_metrics(client, tracked.info.run_id)
+    assert sorted(got["train_loss"]) == [(s, 1.0 + s) for s in range(7)]
+    assert sorted(got["n_sampled"]) == [(s, 4.0) for s in range(3, 7)]
+
+
 @pytest.mark.slow
 def test_a_failing_tracker_is_reported_once_and_the_run_completes(
     ray_session, tmp_path, monkeypatch
@@ -320,10 +370,10 @@ def test_a_failing_tracker_is_reported_once_and_the_run_completes(
     assert runs[["status", "rounds_done"]].values.tolist() == [["finished", 4]]
     assert len(result.table("rounds")) == 4
     kept = json.loads(_kept(out, result.run_id))
-    assert kept == {
-        "sinks:Failing": {"step": 0},
-        "tensorboard": {"step": 4},
-        "jsonl_sink:JsonLines": {"step": 4},
+    assert kept == {  # the failing one was sent rounds 1 and 2 and held round 0
+        "sinks:Failing": {"step": 0, "sent": 2},
+        "tensorboard": {"step": 4, "sent": 4},
+        "jsonl_sink:JsonLines": {"step": 4, "sent": 4},
     }
     lines = (tmp_path / f"{result.run_id}.jsonl").read_text().splitlines()
     lines = [json.loads(line) for line in lines]

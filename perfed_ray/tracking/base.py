@@ -30,8 +30,11 @@ class TrackedRun:
     """The run a tracker follows. `kept` is what this tracker's :meth:`Tracker.start`
     returned in the run's earlier sitting (empty for a new run): the ids it needs to
     continue the same tracker run. `logged`: the last step the earlier sittings made
-    durable in it (-1: none); this sitting logs the steps after it, so a tracker whose
-    store may hold later steps written before a kill hides them (TensorBoard's purge)."""
+    durable in it (-1: none); `sent`: the last step they had begun to send (the steps
+    after `logged` up to it are in doubt: a kill may have come between their sending
+    and their being counted). This sitting logs the steps after `logged`, so a tracker
+    whose store may hold some of them drops what it holds (TensorBoard's purge,
+    MLflow's own history), unless it says it cannot tell (:attr:`Tracker.resends`)."""
 
     run_id: str
     config: dict[str, Any]  # every configuration key, as the runs table has it
@@ -40,15 +43,20 @@ class TrackedRun:
     group: str | None  # the sweep the run is a trial of
     kept: dict[str, str]
     logged: int = -1
+    sent: int = -1
 
 
 class Tracker:
     """A sink of one run's metrics; subclass it for your own (``report_to:
     [mypkg.sinks:Mine]``). `library` is the module it needs and `extra` the
-    perfed-ray extra that installs it, named by the error when it is missing."""
+    perfed-ray extra that installs it, named by the error when it is missing.
+    `resends`: whether a resumed run sends it the steps in doubt again (it holds each
+    step at most once itself); False for one that cannot tell what it holds, which is
+    not sent them and may lose them, but never holds a step twice."""
 
     library: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
+    resends: ClassVar[bool] = True
 
     @classmethod
     def check_installed(cls, name: str) -> None:

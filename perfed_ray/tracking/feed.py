@@ -12,11 +12,15 @@ the actors; the run's end waits for them.
 
 What each tracker holds (the last step it flushed, and the ids its ``start``
 returned) is kept in ``trackers.json`` beside the run's checkpoint, written after
-the tracker flushed. A resumed run reopens the same tracker runs; the rounds up to
-its checkpoint that a tracker does not hold yet (queued when the run stopped) are
-sent again from the Parquet tables, and the rounds after it, which the run replays,
-only where the tracker does not hold them: no step is logged twice or lost (a
-replayed round keeps, in the tracker, its first sitting's timings). A tracker that
+the tracker flushed; the last step it is being sent is written there before, so
+that a resumed run knows which steps a kill left in doubt (see
+:class:`~perfed_ray.tracking.base.TrackedRun`). A resumed run reopens the same
+tracker runs; the rounds up to its checkpoint that a tracker does not hold yet
+(queued when the run stopped) are sent again from the Parquet tables, and the rounds
+after it, which the run replays, only where the tracker does not hold them: no step
+is logged twice (a replayed round keeps, in the tracker, its first sitting's
+timings), and none is lost but the steps in doubt of a tracker that cannot tell
+whether it holds them (``resends = False``). A tracker that
 raises is reported once in `events` (kind ``tracker-failed``) and on stderr, and is
 not used again; the run goes on.
 """
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from perfed_ray.results.writer import RunWriter
 
 KEPT = "trackers.json"  # beside the run's checkpoint
+STEPS = ("step", "sent")  # what trackers.json holds of each tracker beside its ids
 FAILED = "tracker-failed"  # the events table's kind
 
 
@@ -107,12 +112,15 @@ class TrackerFeed:
         self.trackers: dict[str, Tracker] = {}
         for name in names:
             tracker = TRACKERS.load(name)()
-            ids = {k: v for k, v in self.kept[name].items() if k != "step"}
+            ids = {k: v for k, v in self.kept[name].items() if k not in STEPS}
             logged = int(self.kept[name].get("step", -1))
-            started = self._call(name, tracker.start, replace(run, kept=ids, logged=logged))
+            sent = max(logged, int(self.kept[name].get("sent", -1)))
+            tracked = replace(run, kept=ids, logged=logged, sent=sent)
+            started = self._call(name, tracker.start, tracked)
             if started is not None:
                 self.trackers[name] = tracker
-                self.kept[name] = {**self.kept[name], **started}
+                done = logged if tracker.resends else sent
+                self.kept[name] = {**self.kept[name], **started, "step": done, "sent": done}
         self.queue: queue.Queue = queue.Queue()
         if resumed_at is not None:
             self.queue.put(("sent", self._recorded(resumed_at)))
@@ -203,17 +211,26 @@ class TrackerFeed:
 
     def _log(self, steps: dict[int, dict[str, float]]) -> None:
         """Each tracker gets the rounds it does not hold yet, in order, then flushes;
-        only then is its last step kept."""
+        only then is its last step kept. The last step it is about to be sent is kept
+        first, so that a resumed run knows which steps are in doubt."""
+        todo = {
+            name: sorted(s for s in steps if s > self.kept[name]["step"]) for name in self.trackers
+        }
+        for name, todo_steps in todo.items():
+            self.kept[name]["sent"] = max([self.kept[name]["step"], *todo_steps])
+        self._keep()
         for name, tracker in list(self.trackers.items()):
-            done = self.kept[name].get("step", -1)
-            for step in sorted(s for s in steps if s > done):
+            for step in todo[name]:
                 self.step = step
                 metrics = steps[step]
                 if self._call(name, tracker.log, step, metrics, metrics.get("sim_time")) is None:
                     break
             else:
                 if self._call(name, tracker.flush) is not None:
-                    self.kept[name]["step"] = max(done, *steps)
+                    self.kept[name]["step"] = self.kept[name]["sent"]
+        self._keep()
+
+    def _keep(self) -> None:
         text = json.dumps(self.kept)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(self.path, lambda tmp: tmp.write_text(text))

@@ -7,9 +7,10 @@ Every configuration key is a parameter, each metric's step is the round, the
 summary's numbers are metrics ``summary/<column>`` and its status a tag. A sweep's
 trials carry the tag ``perfed_ray.sweep`` (search ``tags."perfed_ray.sweep" =
 '<name>'``). A resumed run logs into the MLflow run of its first sitting, whose id
-is kept beside the run's checkpoint. The client (``mlflow-skinny`` is enough: the
-``mlflow`` extra) writes through ``MlflowClient.log_batch``, within the batch limits
-of MLflow's REST API.
+is kept beside the run's checkpoint; of the steps it is sent again that the killed
+sitting had sent, it logs only the metrics its history does not hold. The client
+(``mlflow-skinny`` is enough: the ``mlflow`` extra) writes through
+``MlflowClient.log_batch``, within the batch limits of MLflow's REST API.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ class MLflow(Tracker):
 
         self.client = MlflowClient()
         self.pending: list = []
+        self.held: set[tuple[str, int]] = set()
         if "run_id" in run.kept:
             self.run = run.kept["run_id"]
             self.client.update_run(self.run, status="RUNNING")
+            if run.sent > run.logged:
+                self.held = self._held(run.logged, run.sent)
             return dict(run.kept)
         tags = {"perfed_ray.run_id": run.run_id}
         if run.group:
@@ -69,11 +73,24 @@ class MLflow(Tracker):
         except MlflowException:  # made meanwhile by another run
             return self.client.get_experiment_by_name(name).experiment_id
 
+    def _held(self, after: int, through: int) -> set[tuple[str, int]]:
+        """The (metric, step) pairs of steps `after` < step <= `through` that the run
+        holds: those the killed sitting sent, which this one is sent again."""
+        keys = self.client.get_run(self.run).data.metrics
+        return {
+            (key, metric.step)
+            for key in keys
+            for metric in self.client.get_metric_history(self.run, key)
+            if after < metric.step <= through
+        }
+
     def log(self, step: int, metrics: dict[str, float], sim_time: float | None) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.pending += [Metric(k, v, now, step) for k, v in metrics.items()]
+        self.pending += [
+            Metric(k, v, now, step) for k, v in metrics.items() if (k, step) not in self.held
+        ]
 
     def flush(self) -> None:
         for chunk in _chunks(self.pending, MAX_METRICS):

@@ -7,6 +7,9 @@ The configuration is the run's config, each round's metrics one history row at s
 as the x-axis in the W&B UI), the summary the run's summary. A resumed run continues
 the W&B run of its first sitting (its id is kept beside the run's checkpoint);
 offline, each sitting is a folder of its own that ``wandb sync`` joins into that run.
+Which steps a killed sitting's W&B process wrote cannot be asked offline, so the
+steps it was sent but not known to hold are not sent again: they may be missing from
+the W&B run (never from Parquet), and none is there twice.
 W&B's console capture is off: the run's progress line stays the terminal's.
 """
 
@@ -26,6 +29,7 @@ IN_USE_SECONDS = 30
 class WandB(Tracker):
     library = "wandb"
     extra = "wandb"
+    resends = False
 
     def start(self, run: TrackedRun) -> dict[str, str]:
         import wandb
