@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 # README says how to fill it), made absolute and exported, because tests run the CLI
 # from other working directories.
 os.environ["PERFED_DATA"] = str(resolve_root(None))
+# A finished run's actors host the session's next runs (perfed_ray.runtime.hosts):
+# starting an actor's process is most of a small run's CPU.
+os.environ.setdefault("PERFED_RAY_WARM_HOSTS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -177,11 +180,20 @@ def killed_mid_round(
     config = folder / "run.yaml"
     config.write_text(yaml.safe_dump(values))
     out = folder / "results"
-    address = ray_session.get_runtime_context().gcs_address
+    address = session_address(ray_session)
     killed = run_cli([str(config), "--out", str(out)], address, "driver-round@5", pythonpath)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [run_dir] = (out / "checkpoints").iterdir()
     return out, run_dir, RunStore(out, run_dir.name.removeprefix("run_id=")).load()
+
+
+def session_address(ray_session) -> str:
+    """The session's Ray, for a driver of another process to join: the idle hosts of
+    this process's earlier runs, which hold its CPUs, let go first."""
+    from perfed_ray.runtime import hosts
+
+    hosts.release()
+    return ray_session.get_runtime_context().gcs_address
 
 
 def run_cli(

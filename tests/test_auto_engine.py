@@ -157,7 +157,10 @@ def test_the_resolved_engine_is_recorded_and_a_resumed_run_keeps_it(
 def test_the_choice_for_gpu_actors_runs_in_a_ray_task(ray_session, tmp_path):
     """What a task holding an actor's GPU share runs (here on CPU: no GPU is lent to
     the tests), its cache where the task runs."""
+    from perfed_ray.runtime import hosts
     from perfed_ray.runtime.execution import _choose_on_gpu
+
+    hosts.release()  # the CPU the task asks for, from earlier runs' idle hosts
 
     cfg, model = _cnn()
     cache = tmp_path / "engines.json"

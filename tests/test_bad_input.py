@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, session_address
 
 import perfed_ray
 from perfed_ray.config import from_mapping
@@ -209,7 +209,7 @@ def test_every_misspelt_name_gets_the_one_hint(tmp_path):
 def test_actors_the_cluster_cannot_hold_exit_2_at_once_naming_both(ray_session, tmp_path):
     """Ray would wait for ever for them; the run refuses before asking, writing nothing
     (its own process, so that a wait for ever is the time-out's failure, not a hang)."""
-    address = ray_session.get_runtime_context().gcs_address
+    address = session_address(ray_session)
     result = run_cli([*TINY, "--set", "num_cpus_per_actor=1000", "--out", str(tmp_path)], address)
     assert result.returncode == 2, result.stderr
     assert "error: each actor asks for 1000 CPU, but the largest node has 2 CPU" in result.stderr

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import TINY
+from conftest import TINY, session_address
 
 import perfed_ray
 from perfed_ray.analysis import outcome, read_table
@@ -182,7 +182,7 @@ def test_a_disk_that_refuses_the_rows_still_gets_the_failed_status(ray_session, 
     }
     config.write_text(yaml.safe_dump(many))
     out = tmp_path / "results"
-    address = ray_session.get_runtime_context().gcs_address
+    address = session_address(ray_session)
     done = subprocess.run(
         [sys.executable, "-c", SMALL_FILES_ONLY, address, str(config), "--out", str(out)],
         capture_output=True,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import killed_mid_round, run_cli
+from conftest import killed_mid_round, run_cli, session_address
 
 from perfed_ray.analysis import OUTCOME, outcome
 from perfed_ray.api import simulate
@@ -90,7 +90,7 @@ _cli = run_cli
 def test_driver_killed_at_any_point_resumes_to_identical_tables(
     ray_session, reference, tmp_path, capsys
 ):
-    address = ray_session.get_runtime_context().gcs_address
+    address = session_address(ray_session)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     out = tmp_path / "results"

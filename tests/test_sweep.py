@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import TINY, experiment_script
+from conftest import TINY, experiment_script, session_address
 
 from perfed_ray import simulate
 from perfed_ray.analysis import OUTCOME, final_accuracy, outcome, read_runs, read_table
@@ -267,7 +267,7 @@ def swept(ray_session, tmp_path_factory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("swept")
     process = _sweep(
         [str(_write(folder, SWEEP)), "--out", str(folder / "results")],
-        ray_session.get_runtime_context().gcs_address,
+        session_address(ray_session),
     )
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
@@ -339,7 +339,7 @@ def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(
 ):
     """The sweep killed in its own process; the resume in this one, on the session's Ray
     (what it is tested for is what it continues, not its process)."""
-    address = ray_session.get_runtime_context().gcs_address
+    address = session_address(ray_session)
     out = tmp_path / "results"
     first = _sweep([str(_write(tmp_path, SWEEP)), "--out", str(out)], address)
     # Killed once a trial has finished while another is mid-run: one to skip, one to
@@ -383,7 +383,7 @@ def test_runs_say_why_they_ended_and_the_search_picks_on_validation(ray_session,
     out = tmp_path / "results"
     process = _sweep(
         [str(_write(tmp_path, doc)), "--out", str(out)],
-        ray_session.get_runtime_context().gcs_address,
+        session_address(ray_session),
     )
     _poll(out, process, lambda runs, rounds: "search-0003" in set(rounds["run_id"]))
     process.send_signal(signal.SIGTERM)

@@ -66,7 +66,29 @@ class UserActor:
     states from the checkpoint a run resumes from; `found` the user's own components,
     resolved by the driver (:mod:`perfed_ray.runtime.environment`)."""
 
-    def __init__(
+    def __init__(self, *hosted: object) -> None:
+        self._host(*hosted)
+
+    def host(self, *hosted: object) -> None:
+        """Take another run's block of users (arguments as for a new actor) in this
+        process, as :mod:`perfed_ray.runtime.hosts` lends it. A failure ends the process,
+        as a failed creation would: the run's pool replaces it with a new actor."""
+        try:
+            self._host(*hosted)
+        except Exception:
+            ray.actor.exit_actor()
+
+    def vacate(self) -> None:
+        """Drop the run's users (their shards pin the data set in the object store) and
+        count peak memory anew for the next run this process hosts."""
+        self.__dict__.clear()
+        try:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")  # Linux: reset the peak resident memory (VmHWM)
+        except OSError:
+            pass
+
+    def _host(
         self,
         cfg: RunConfig,
         users: list[int],

@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from perfed_ray.config import RunConfig, revise
 from perfed_ray.data import ShardSource
 from perfed_ray.engines.auto import Workload, choose, known
+from perfed_ray.runtime import hosts
 from perfed_ray.runtime.environment import adopt, components
 from perfed_ray.runtime.placement import Placement
 
@@ -68,6 +69,7 @@ def _auto_engine(
     )
     if not placement.num_gpus:
         return choose(cfg, model, work)
+    hosts.release()  # an earlier run's idle hosts may hold the GPU the task needs
     where = (
         "DEFAULT"
         if group is None

@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from perfed_ray import faults
 from perfed_ray.config import RunConfig
 from perfed_ray.data import DataArrays, ShardSource
+from perfed_ray.runtime import hosts
 from perfed_ray.runtime.actor import UserActor
 from perfed_ray.runtime.checkpoint import Checkpoint
 from perfed_ray.runtime.environment import components
@@ -68,12 +69,10 @@ def actor_factory(
             else PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=1 + actor)
         )
         asked = share or {}
-        return UserActor.options(
-            num_cpus=asked.get("CPU", placement.num_cpus),
-            num_gpus=asked.get("GPU", placement.num_gpus),
-            scheduling_strategy=where,
-            runtime_env=faults.actor_env(),
-        ).remote(
+        num_cpus = asked.get("CPU", placement.num_cpus)
+        num_gpus = asked.get("GPU", placement.num_gpus)
+        runtime_env = faults.actor_env()
+        hosted = (
             cfg,
             block,
             prepared.source(block) if everyone is None else everyone,
@@ -84,6 +83,16 @@ def actor_factory(
             incarnation,
             states,
             found,
+        )
+        return hosts.lend(
+            hosts.key(num_cpus, num_gpus, runtime_env) if where == "SPREAD" else None,
+            lambda: UserActor.options(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                scheduling_strategy=where,
+                runtime_env=runtime_env,
+            ).remote(*hosted),
+            lambda host: host.host.remote(*hosted),
         )
 
     return start

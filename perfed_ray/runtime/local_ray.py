@@ -67,6 +67,12 @@ def start(configs: Iterable[RunConfig]) -> None:
     _started = True
 
 
+def owns_ray() -> bool:
+    """Whether the Ray this process is connected to is the local one it started, which
+    nothing but this driver uses."""
+    return _started and ray.is_initialized()
+
+
 def _new_node() -> bool:
     """Whether `ray.init()` starts a Ray of its own here rather than joining one (named by
     RAY_ADDRESS, or started by `ray start` on this machine), as Ray itself decides: only

@@ -44,6 +44,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, ObjectLostErro
 
 from perfed_ray import faults
 from perfed_ray.errors import first_line
+from perfed_ray.runtime import hosts
 
 # (actor, incarnation, the Ray request to use instead of the placement's) -> handle
 ActorFactory = Callable[[int, int, "Request | None"], ray.actor.ActorHandle]
@@ -227,9 +228,11 @@ class ActorPool:
                 continue
         return total
 
-    def stop(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
+    def stop(self, keep: bool = False) -> None:
+        """End the actors, or with `keep` (a run that finished) leave them to host the
+        next run (:mod:`perfed_ray.runtime.hosts`)."""
+        hosts.give_back(self.actors, keep)
+        self.actors = []
 
     def gather(
         self, round_: int, method: str, args: dict[int, tuple], last: int | None = None

@@ -309,6 +309,7 @@ def run(
     incarnations = share = bound = None
     request = None if group is not None else bundles(placement)[0]
     pool = rounds = None
+    finished = False
     try:
         while True:
             pool = ActorPool(
@@ -352,6 +353,7 @@ def run(
                 if request is not None:
                     share = _share_left(lost, request, len(placement.blocks))
         row.update(_peak_memory(pool))
+        finished = True
     finally:
         if rounds is not None:
             done = rounds.rounds_done
@@ -359,4 +361,4 @@ def run(
                 wall_seconds=rounds.wall_seconds(), rounds_done=done, epsilon=strategy.epsilon(done)
             )
         if pool is not None:
-            pool.stop()
+            pool.stop(keep=finished)

@@ -41,6 +41,7 @@ from perfed_ray.config import revise
 from perfed_ray.errors import ConfigError, InputError, first_line
 from perfed_ray.results.layout import EVALS, SWEEPS, check_out
 from perfed_ray.results.writer import write_atomically
+from perfed_ray.runtime import hosts
 from perfed_ray.sweep import ENDED
 from perfed_ray.sweep.spec import Sweep
 
@@ -252,6 +253,7 @@ def run(
     if cluster and not ray.is_initialized():
         connect.connect(cluster, sorted({m for t in sweep.trials for m in plugin_modules(t)}))
     local_ray.start(sweep.trials)  # no-op once connected
+    hosts.release()  # the trials need what idle hosts of earlier runs here hold
     _fits(sweep)
     if new is not None:
         _record(folder, new)
