@@ -61,8 +61,16 @@ def in_flight(method: str, n: int) -> None:
         crash_at(point, n)
 
 
-def actor_env() -> dict[str, dict[str, str]]:
-    """The runtime_env that carries an armed fault into actors started on a running
-    cluster (whose workers did not inherit the driver's environment)."""
-    spec = os.environ.get(ENV)
-    return {"env_vars": {ENV: spec}} if spec else {}
+def armed() -> str | None:
+    """What this process has armed: the spec a driver hands its actors (:func:`arm`)."""
+    return os.environ.get(ENV)
+
+
+def arm(spec: str | None) -> None:
+    """Arm in this process the faults `spec` names (None: none). An actor takes its
+    driver's so, as an argument, wherever it runs (a worker on a running cluster did not
+    inherit the driver's environment) and whichever run it hosted before."""
+    if spec:
+        os.environ[ENV] = spec
+    else:
+        os.environ.pop(ENV, None)

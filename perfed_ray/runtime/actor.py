@@ -64,7 +64,8 @@ class UserActor:
     `actor` and `incarnation` name it in the run's records (a replacement for a dead
     actor is the next incarnation of the same actor); `states` are its users' per-user
     states from the checkpoint a run resumes from; `found` the user's own components,
-    resolved by the driver (:mod:`perfed_ray.runtime.environment`)."""
+    resolved by the driver (:mod:`perfed_ray.runtime.environment`); `fault` the crashes
+    the driver has armed (:mod:`perfed_ray.faults`), for the tests of recovery."""
 
     def __init__(self, *hosted: object) -> None:
         self._host(*hosted)
@@ -100,7 +101,9 @@ class UserActor:
         incarnation: int = 0,
         states: dict[int, np.ndarray] | None = None,
         found: Components | None = None,
+        fault: str | None = None,
     ) -> None:
+        faults.arm(fault)  # the driver's (perfed_ray/faults.py), or none
         adopt(cfg, found or {})
         self.actor, self.incarnation = actor, incarnation
         torch.set_num_threads(max(1, int(num_cpus)))

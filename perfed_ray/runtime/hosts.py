@@ -5,8 +5,8 @@ Starting an actor's process costs seconds of CPU (importing torch and Ray is mos
 it), against milliseconds for the rounds of a small run: a process that runs
 many short runs (a study's grid, a notebook, the test suite) pays that for every actor
 of every run. A finished run's live actors are emptied (their users' shards and states
-dropped) and kept; the next run that asks Ray for the same share (CPUs, GPUs, runtime
-environment) with no placement group of its own rehosts them with its users, as a new
+dropped) and kept; the next run that asks Ray for the same share (CPUs and
+GPUs) with no placement group of its own rehosts them with its users, as a new
 actor would be built. Rows do not change: an actor is made from its arguments alone
 (every random stream is keyed), and its peak memory is counted from the rehosting.
 
@@ -20,16 +20,14 @@ Ray); a run that wants another share lets every idle host go first, and
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
-from typing import Any
 
 import ray
 
 ENV = "PERFED_RAY_WARM_HOSTS"
 
-Key = tuple[float, float, str, str]  # CPUs, GPUs, runtime environment, Ray session
+Key = tuple[float, float, str]  # CPUs, GPUs, Ray session
 _idle: dict[Key, list[ray.actor.ActorHandle]] = {}
 _lent: dict[bytes, Key] = {}  # actor id -> the share it holds, for actors a run holds
 
@@ -40,12 +38,11 @@ def _wanted() -> bool:
     return os.environ.get(ENV) == "1" or local_ray.owns_ray()
 
 
-def key(num_cpus: float, num_gpus: float, runtime_env: dict[str, Any] | None) -> Key | None:
+def key(num_cpus: float, num_gpus: float) -> Key | None:
     """What a host must hold to be lent again: None where hosts are not kept."""
     if not _wanted():
         return None
-    session = ray.get_runtime_context().get_job_id()
-    return (num_cpus, num_gpus, json.dumps(runtime_env, sort_keys=True), session)
+    return (num_cpus, num_gpus, ray.get_runtime_context().get_job_id())
 
 
 def lend(

@@ -71,7 +71,6 @@ def actor_factory(
         asked = share or {}
         num_cpus = asked.get("CPU", placement.num_cpus)
         num_gpus = asked.get("GPU", placement.num_gpus)
-        runtime_env = faults.actor_env()
         hosted = (
             cfg,
             block,
@@ -83,14 +82,12 @@ def actor_factory(
             incarnation,
             states,
             found,
+            faults.armed(),
         )
         return hosts.lend(
-            hosts.key(num_cpus, num_gpus, runtime_env) if where == "SPREAD" else None,
+            hosts.key(num_cpus, num_gpus) if where == "SPREAD" else None,
             lambda: UserActor.options(
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                scheduling_strategy=where,
-                runtime_env=runtime_env,
+                num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy=where
             ).remote(*hosted),
             lambda host: host.host.remote(*hosted),
         )
