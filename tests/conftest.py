@@ -35,6 +35,27 @@ os.environ["PERFED_DATA"] = str(resolve_root(None))
 os.environ.setdefault("PERFED_RAY_WARM_HOSTS", "1")
 
 
+# The modules that take longest with two workers (--durations, whole suite), handed
+# out first: loadscope gives each worker whole modules in collection order (pyproject's
+# --no-loadscope-reorder), and a long module handed out last keeps one worker busy
+# while the other has nothing left. The rest follow in file order.
+LONGEST_FIRST = (
+    "test_bench.py",
+    "test_node_loss.py",
+    "test_sweep.py",
+    "test_simulation.py",
+    "test_recovery.py",
+    "test_plugins.py",
+    "test_cluster.py",
+    "test_async.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the session (for each pytest-xdist worker, its own). Started
