@@ -242,8 +242,9 @@ def _assert_sides(rows: pd.DataFrame, other: str, whole: str, printed: str, titl
 
 def _interpreter_or_skip(script: str, name: str) -> None:
     """Skip where the other framework's own interpreter (`<script>_python()` of
-    experiments/bench/<script>.py) is not installed: never in perfed-ray's environment,
-    and CI has none."""
+    experiments/bench/<script>.py) is not installed: it is never in perfed-ray's
+    environment, and a machine may have one or not (CI's has pfl-research's, not
+    Flower's)."""
     sys.path.insert(0, str(BENCH))
     python = getattr(importlib.import_module(script), f"{script}_python")()
     if python is None or not python.exists():
@@ -256,7 +257,7 @@ def _interpreter_or_skip(script: str, name: str) -> None:
 @pytest.mark.slow
 def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writes(tmp_path):
     """Its smoke test: 2 rounds of 10 users on each side, where Flower's own interpreter
-    is installed (never in perfed-ray's environment: CI has none, and skips)."""
+    is installed (never in perfed-ray's environment; skipped where there is none)."""
     _interpreter_or_skip("flower", "Flower")
     rows, printed = _smoke("flower", tmp_path)
     rows = rows.set_index("tool")
@@ -281,7 +282,7 @@ def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writ
 )
 def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
     """Its smoke test: 2 rounds of a few users on each side, where pfl's own interpreter
-    is installed (never in perfed-ray's environment: CI has none, and skips)."""
+    is installed (never in perfed-ray's environment; skipped where there is none)."""
     _interpreter_or_skip("pfl", "pfl-research")
     rows, printed = _smoke("pfl", tmp_path, "--workloads", workload)
     rows = rows.set_index("tool")
