@@ -216,6 +216,8 @@ class TrackerFeed:
         todo = {
             name: sorted(s for s in steps if s > self.kept[name]["step"]) for name in self.trackers
         }
+        if not any(todo.values()):  # replayed rounds every tracker holds: nothing to keep
+            return
         for name, todo_steps in todo.items():
             self.kept[name]["sent"] = max([self.kept[name]["step"], *todo_steps])
         self._keep()
