@@ -61,11 +61,21 @@ def ray_session():
     """One local Ray for the session (for each pytest-xdist worker, its own). Started
     again once if its start fails: on a machine loaded far past its cores, a raylet
     gave up waiting for its dashboard agent ("Timed out waiting for file
-    metrics_agent_port") and every test of that worker failed with it."""
+    metrics_agent_port") and every test of that worker failed with it.
+
+    Workers' and the raylet's log lines are not streamed to this process
+    (`log_to_driver=False`): tests here read their own stderr, and a line another
+    test's killed actor left ("(raylet) ... Failed to send wait complete") failed
+    one in CI. Runs a test starts as a subprocess keep Ray's default."""
     import ray
 
     def start() -> None:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
 
     try:
         start()
