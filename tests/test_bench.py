@@ -364,10 +364,14 @@ def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_resu
 
 @pytest.mark.slow
 def test_the_node_loss_benchmark_times_a_run_that_loses_a_node(tmp_path):
-    """On a real three-node cluster/local.sh: the node dies mid-run, the run goes on to
-    a local run's rows, and the round in flight is the slow one."""
+    """On a real three-node cluster/local.sh, one CPU a node, three one-CPU actors: the
+    node dies mid-run, its actor's replacement shares a survivor's CPU (asking Ray for
+    none) with the same users, the run goes on to a local run's rows, and the round in
+    flight is the slow one. (This is also the test of a worker lost without room:
+    tests/test_node_loss.py has the other cases.)"""
     rows, _ = _smoke("node_loss", tmp_path)
     assert rows["same_rows_as_local"].all() and (rows["actors_lost"] >= 1).all()
+    assert rows["replacements_keep_users"].all() and rows["replacements_on_survivors"].all()
     assert (rows["recovery_round_seconds"] > rows["median_round_seconds"]).all()
     assert "asking Ray for 0 CPU" in rows["detail"].iloc[0]  # no room: it shares a CPU
 

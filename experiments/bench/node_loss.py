@@ -15,7 +15,8 @@ the figures include them) unless `--fast-detection` shortens them as the tests d
 
 Recorded per case: the round in flight when the node died (its `node-died` event's),
 how long that round took (from the kill to its end it took at most that: the time from
-the node's death to the next round finishing) beside the median round, and whether the
+the node's death to the next round finishing) beside the median round, whether the
+replacement actors host the lost ones' users on surviving nodes, and whether the
 run's `rounds` and `evals` equal those of the same run on a local Ray. `--smoke`: 12
 users, 8 rounds, the kill at round 3, fast detection, one case.
 """
@@ -124,9 +125,17 @@ def one_case(config: Path, cpus: str, kill_at: int, fast: bool, out: Path) -> di
     died = events[events["kind"] == "node-died"]
     rounds = read_table(out, "rounds").set_index("round")["wall_seconds"]
     in_flight = int(died["round"].min())
+    actors = read_table(out, "actors")
+    replaced = actors[actors["incarnation"] == 1]
     return {
         "node_died_in_round": in_flight,
         "actors_lost": len(died),
+        # the replacements host the lost actors' users, on nodes that survived
+        "replacements_keep_users": sorted(u for us in replaced["users"] for u in us)
+        == sorted(u for us in died["users"] for u in us),
+        "replacements_on_survivors": not any(
+            node in detail for node in replaced["node_id"] for detail in died["detail"]
+        ),
         "recovery_round_seconds": float(rounds.get(in_flight, float("nan"))),
         "median_round_seconds": float(rounds.median()),
         "detail": died["detail"].iloc[0],
