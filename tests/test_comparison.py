@@ -126,6 +126,7 @@ def _copy_run(out, to, **config) -> None:
 def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(
     ray_session, compared, tmp_path
 ):
+    from perfed_ray.report.cells import run_results
     from perfed_ray.report.comparison import annotated_runs
 
     _copy_run(compared, tmp_path, algorithm="fedavg", seed=0)  # {**COMPARED, fedavg}
@@ -151,6 +152,12 @@ def test_a_method_run_with_its_own_step_size_shares_the_table_and_says_so(
         "fedavg",
         "local (beta=0.01, trained_users=all)",
         "local (rounds=2, local_epochs=2)",
+    }
+    # `perfed-ray report` names each run as compare does, less the protocol's keys.
+    assert set(run_results(tmp_path)["method"]) == {
+        "fedavg",
+        "local (trained_users=all)",
+        "local (local_epochs=2)",
     }
 
 

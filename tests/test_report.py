@@ -12,9 +12,10 @@ from perfed_ray.analysis import across_seeds
 from perfed_ray.cli import main
 from perfed_ray.config import RunConfig, revise
 from perfed_ray.report import LEGEND, table1_markdown, write_report
-from perfed_ray.report.cells import Cell, method_of, section_of
+from perfed_ray.report.cells import Cell, section_of
 from perfed_ray.report.comparison import per_step
 from perfed_ray.report.curves import band
+from perfed_ray.report.methods import method_label
 
 T_975_1 = 12.706204736174698  # Student t, 97.5%, one degree of freedom (two seeds)
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -186,7 +187,7 @@ def test_the_study_shows_the_protocol_runs_beside_hf_with_normalized_delta():
         ]
     )
     runs["section"] = runs.apply(section_of, axis=1)
-    runs["method"] = runs.apply(method_of, axis=1)
+    runs["method"] = runs.apply(method_label, axis=1)
     text = table1_markdown(runs)
     study = text.split("## Study")[1]
     assert [line.split(" |")[0] for line in study.splitlines() if line.startswith("| CIFAR")] == [

@@ -22,6 +22,7 @@ from perfed_ray.analysis import final_accuracy, mean_ci95, per_draw_accuracy
 from perfed_ray.config.schema import FIELDS
 from perfed_ray.data.datasets import paper_a
 from perfed_ray.paper import ROW_KEYS
+from perfed_ray.report.methods import method_label
 from perfed_ray.results.layout import EVALS
 from perfed_ray.results.reader import read_runs, read_table
 
@@ -43,15 +44,9 @@ MECHANICS = frozenset(
         "tag",
     }
 )
-NORMALIZED_HF = "perfedavg-hf δ/‖g‖"
+NORMALIZED_HF = method_label(pd.Series({"algorithm": "perfedavg-hf", "hf_delta": "normalized"}))
 METHODS = ("fedavg", "perfedavg-fo", "perfedavg-hf", NORMALIZED_HF, "perfedavg")
 TABLE_KEYS = ["section", *ROW_KEYS, "input_scale"]
-
-
-def method_of(run: pd.Series) -> str:
-    """The algorithm, with HF's normalized difference step told apart."""
-    normalized = run["algorithm"] == "perfedavg-hf" and run["hf_delta"] == "normalized"
-    return NORMALIZED_HF if normalized else run["algorithm"]
 
 
 def differences(run: pd.Series) -> dict[str, object]:
@@ -74,7 +69,7 @@ def differences(run: pd.Series) -> dict[str, object]:
 def section_of(run: pd.Series) -> str:
     diffs = differences(run)
     if not diffs:
-        return "study" if method_of(run) == NORMALIZED_HF else "main"
+        return "study" if method_label(run) == NORMALIZED_HF else "main"
     if diffs == {"adapt_on": "test"}:
         return "leaking"
     if set(diffs) == {"input_scale"}:
@@ -90,7 +85,7 @@ def run_results(out: str | Path) -> pd.DataFrame:
     if runs.empty:
         return runs
     runs["section"] = runs.apply(section_of, axis=1)
-    runs["method"] = runs.apply(method_of, axis=1)
+    runs["method"] = runs.apply(method_label, axis=1)
     evals = read_table(out, EVALS)
     if evals.empty:
         return runs.assign(accuracy=np.nan, draws=None)

@@ -18,28 +18,16 @@ import numpy as np
 import pandas as pd
 
 from perfed_ray.analysis import across_seeds
-from perfed_ray.config.schema import CORE, FIELDS, spec
-from perfed_ray.config.sections import section_name
+from perfed_ray.config.schema import FIELDS
 from perfed_ray.errors import InputError
 from perfed_ray.markdown import table
-from perfed_ray.registry import ALGORITHMS, SECTIONED
+from perfed_ray.registry import ALGORITHMS
 from perfed_ray.report.cells import MECHANICS
+from perfed_ray.report.methods import is_method_key, method_label, value_text
 from perfed_ray.results.layout import EVALS, REPORT
 from perfed_ray.results.reader import read_runs, read_table
 
 STEPS = (0, 1, 5)  # the columns: no personalisation, the paper's one step, five
-# How a method is trained, besides its own section's settings (its local work, who
-# trains and how users are drawn, its optimisers): part of the method's label, not of
-# the setting's, so one method run by the Per-FedAvg protocol and by its authors' sits
-# in the same table as the others.
-METHOD_KEYS = {
-    "delta",
-    "hf_delta",
-    "local_epochs",
-    "trained_users",
-    "sampling",
-    *SECTIONED,
-}
 # The shared protocol's keys: part of the setting where a table's runs agree on them,
 # else of each method's label (a method run with its authors' step size, batch and
 # number of rounds).
@@ -58,10 +46,6 @@ PUBLISHED: dict[str, dict[str, tuple[float, str]]] = {
 }
 
 
-def _method_key(key: str) -> bool:
-    return "." in key or key in METHOD_KEYS
-
-
 def _setting_keys(runs: pd.DataFrame) -> list[str]:
     return [
         k
@@ -69,44 +53,20 @@ def _setting_keys(runs: pd.DataFrame) -> list[str]:
         if k in runs
         and k not in MECHANICS
         and k not in {"algorithm", "seed"}
-        and not _method_key(k)
+        and not is_method_key(k)
         and k not in PROTOCOL_KEYS
     ]
-
-
-def _value(value: object) -> object:
-    """A value as written in a configuration: a whole number read back as a float (the
-    column of a key most runs leave unset holds NaN) without its ".0"."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _label(values: pd.Series, keys: list[str]) -> str:
     """A setting named by its data set and the values that differ from the defaults."""
     unused = {"dataset"} | (set() if str(values["partition"]).startswith("paper") else {"paper_a"})
     shown = [
-        f"{k}={_value(values[k])}"
+        f"{k}={value_text(values[k])}"
         for k in keys
         if k not in unused and not pd.isna(values[k]) and values[k] != FIELDS[k].default
     ]
     return f"{values['dataset']}: " + ", ".join(shown)
-
-
-def _method(run: pd.Series, protocol: list[str]) -> str:
-    """The algorithm, with its own knobs where they differ from the defaults, and the
-    shared protocol's keys where the run differs from its table's usual values."""
-    sections = {section_name(run[k], k) for k in SECTIONED if k in run and isinstance(run[k], str)}
-    own = [f"{k}={_value(run[k])}" for k in protocol]
-    own += [
-        f"{k}={_value(run[k])}"
-        for k in run.index
-        if _method_key(k) and k not in SECTIONED and not pd.isna(run[k])
-        if k in CORE or k.partition(".")[0] in sections
-        if run[k] != spec(k).default
-        if not (k in {"delta", "hf_delta"} and run["algorithm"] != "perfedavg-hf")
-    ]
-    optimisers = [k for k in SECTIONED if k != "algorithm" and k in run]
-    own += [f"{k}={_value(run[k])}" for k in optimisers if run[k] != CORE[k].default]
-    return run["algorithm"] + (f" ({', '.join(own)})" if own else "")
 
 
 def annotated_runs(out: str | Path) -> pd.DataFrame:
@@ -125,7 +85,7 @@ def annotated_runs(out: str | Path) -> pd.DataFrame:
         for index, run in group.iterrows():
             own = [k for k in PROTOCOL_KEYS if k not in fixed or run[k] != fixed[k]]
             settings.append((index, setting))
-            methods.append((index, _method(run, own)))
+            methods.append((index, method_label(run, own)))
     return runs.assign(setting=pd.Series(dict(settings)), method=pd.Series(dict(methods)))
 
 
