@@ -76,6 +76,24 @@ def to_config(
     )
 
 
+def check(
+    config: str | Path | Mapping[str, Any] | configuration.RunConfig | None = None,
+    out: str | Path | None = None,
+    *,
+    overrides: Iterable[str] = (),
+    **changes: Any,
+) -> configuration.RunConfig:
+    """What :func:`simulate` with the same arguments would run, checked as far as it is
+    without Ray (``perfed-ray run --dry-run``): the configuration, the results folder,
+    and the data, loaded and partitioned; nothing is written and Ray is not started.
+    Raises what `simulate` would before Ray starts (ConfigError, DataError)."""
+    from perfed_ray.runtime import simulation
+
+    cfg = to_config(config, list(overrides), **changes)
+    check_out(Path(out or "results"))
+    return simulation.prepare(cfg).cfg
+
+
 def simulate(
     config: str | Path | Mapping[str, Any] | configuration.RunConfig | None = None,
     out: str | Path | None = None,

@@ -30,9 +30,22 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # a scheduler's SIGTERM ends the run like Ctrl-C: marked, resumable
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from perfed_ray.api import simulate
+def _described(cfg: configuration.RunConfig) -> str:
+    return (
+        f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), "
+        f"{cfg.n_users} users, {cfg.users_per_round} per round, {cfg.rounds} rounds"
+    )
 
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from perfed_ray.api import check, simulate
+
+    if args.dry_run:
+        if args.resume:
+            raise ConfigError("--dry-run checks a new run: drop --resume")
+        print(_described(check(args.config, args.out, overrides=args.set)))
+        print("dry run: the configuration, the data and the results folder check; nothing ran")
+        return 0
     shown: dict[str, str] = {}
 
     def announce(cfg: configuration.RunConfig, result, resumed: bool) -> None:
@@ -40,11 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f" --address {args.address}" if args.address else ""
         )
         shown.update(again=again, run_id=result.run_id, out=str(result.out))
-        print(
-            f"perfed-ray: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}), "
-            f"{cfg.n_users} users, {cfg.users_per_round} per round, {cfg.rounds} rounds",
-            file=sys.stderr,
-        )
+        print(_described(cfg), file=sys.stderr)
         print(
             f"run {result.run_id}: results under {result.out}/"
             f"{'' if resumed else '; if it stops: ' + again}",
@@ -264,7 +273,8 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run one simulation from a configuration file",
-        epilog="exit status: 0 finished; 1 failed or diverged (its rows so far are kept); "
+        epilog="exit status: 0 finished, or --dry-run found nothing wrong; 1 failed or "
+        "diverged (its rows so far are kept); "
         "2 bad input, in one line before Ray starts; 130 interrupted (Ctrl-C or SIGTERM)",
     )
     run.add_argument("config", nargs="?", help="flat YAML configuration (default: all defaults)")
@@ -277,6 +287,12 @@ def parser() -> argparse.ArgumentParser:
         "RESULTS/checkpoints/run_id=ID (printed when it started)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the configuration, the data and the results folder, and stop "
+        "(nothing is written, Ray is not started)",
+    )
     run.add_argument(
         "--verbose",
         action="store_true",

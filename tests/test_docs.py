@@ -485,3 +485,84 @@ def test_the_results_and_gpu_pages_read_a_results_folder_as_printed(tiny_results
         exec(code(page(path), name), {})
     shown = capsys.readouterr().out
     assert "acc_after" in shown and "cpu" in shown and "wall_seconds" in shown
+
+
+# The site's how-to pages, as its navigation lists them.
+HOW_TOS = re.findall(
+    r"^      - [^:\n]+: (guide/\S+\.md)$",
+    (REPO / "mkdocs.yml").read_text().split("  - How-to guides:")[1].split("\n  - ")[0],
+    re.M,
+)
+
+
+def _commands(text: str) -> list[list[str]]:
+    """A page's `perfed-ray` commands, as words, from its shell blocks."""
+    found = []
+    for body in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in body.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] == "perfed-ray":
+                found.append(words)
+    return found
+
+
+def _save_plugins(text: str, commands: list[list[str]], folder: Path) -> None:
+    """Each `module:Name` a command names, saved as module.py from the page's Python
+    block that defines Name, as the page tells its reader to."""
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    for words in commands:
+        for module, name in re.findall(r"=\[?(\w+):(\w+)", " ".join(words)):
+            defines = re.compile(rf"^((class|def) {name}\b|{name} = )", re.M)
+            (folder / f"{module}.py").write_text(next(b for b in blocks if defines.search(b)))
+
+
+def test_every_how_to_command_and_configuration_checks_as_printed(reader, capsys):
+    """Every `perfed-ray` command of a how-to page parses with the command's own parser;
+    each new run and sweep among them is checked as printed (`--dry-run`: its
+    configuration, its data and its results folder), the page's own plug-ins saved as
+    the page says; every YAML block loads, a sweep file beside the repository's
+    configurations and a configuration's lines as a run's; the core-key examples read
+    their key. (Runs of the pages' examples: the tutorial's, own-data's, the GPU page's
+    and the plug-ins' tests.)"""
+    from perfed_ray.sweep import spec
+
+    assert {"guide/running.md", "guide/sweeps.md", "guide/tracking.md"} <= set(HOW_TOS)
+    checked, parsed = [], 0
+    for path in HOW_TOS:
+        text = page(path)
+        commands = _commands(text)
+        _save_plugins(text, commands, reader)
+        for words in commands:
+            args = cli.parser().parse_args(words[1:])  # argparse exits 2 on a stale flag
+            parsed += 1
+            ran = path == "guide/own-data.md"  # its data made and its run run: above
+            if args.command in ("run", "sweep") and not args.resume and not ran:
+                assert cli.main([*words[1:], "--dry-run"]) == 0, (path, words)
+                checked.append(args.command)
+        for body in re.findall(r"```yaml\n(.*?)```", text, re.S):
+            values = yaml.safe_load(body)
+            if "grid" in values:
+                sweeps = reader / "sweeps"
+                sweeps.mkdir(exist_ok=True)
+                (reader / "configs").symlink_to(REPO / "experiments" / "configs")
+                (sweeps / "page.yaml").write_text(body)
+                assert spec.load(str(sweeps / "page.yaml"), [], []).trials
+            else:
+                from_mapping(values)
+    assert checked.count("run") >= 9 and checked.count("sweep") == 1 and parsed > 12
+    cfg = from_mapping({"batch_size": 25})
+    for path, name in (
+        ("guide/adding-a-method.md", "Mine"),
+        ("guide/adding-a-strategy.md", "ByBatch"),
+    ):
+        scope: dict = {}
+        exec(
+            next(
+                b
+                for b in re.findall(r"```python\n(.*?)```", page(path), re.S)
+                if f"class {name}(" in b
+            ),
+            scope,
+        )
+        assert scope[name](cfg).hparams.batch_size == 25
+    assert "dry run:" in capsys.readouterr().out
