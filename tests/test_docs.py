@@ -566,3 +566,13 @@ def test_every_how_to_command_and_configuration_checks_as_printed(reader, capsys
         )
         assert scope[name](cfg).hparams.batch_size == 25
     assert "dry run:" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # 100 rounds of MNIST on the shared Ray
+def test_the_running_pages_python_runs_as_printed(ray_session, reader, capsys):
+    text = page("guide/running.md")
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "simulate(" in b]
+    scope: dict = {}
+    exec(example, scope)
+    assert scope["result"].summary()["status"].tolist() == ["finished"]
+    assert scope["evals"]["round"].max() == 100 and "acc_after" in capsys.readouterr().out
