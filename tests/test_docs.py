@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import logging
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -576,3 +578,29 @@ def test_the_running_pages_python_runs_as_printed(ray_session, reader, capsys):
     exec(example, scope)
     assert scope["result"].summary()["status"].tolist() == ["finished"]
     assert scope["evals"]["round"].max() == 100 and "acc_after" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two 4-round runs, each its own perfed-ray process
+def test_the_privacy_pages_worked_run_is_its_scripts_and_the_script_runs(tmp_path):
+    """The privacy guide's worked command is experiments/privacy/worked.py's, whose
+    summary the page quotes (tests/test_docs_figures.py); its smoke runs both sides."""
+    script = REPO / "experiments" / "privacy" / "worked.py"
+    spec = importlib.util.spec_from_file_location("worked", script)
+    worked = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worked)
+    [words] = _commands(page("guide/privacy.md"))
+    sets = [value for flag, value in itertools.pairwise(words) if flag == "--set"]
+    assert sets == worked.SETTINGS
+    done = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / "worked.parquet").set_index("privacy")
+    assert rows.index.tolist() == ["central", "none"]
+    assert 3.9 < rows.loc["central", "epsilon"] <= 4 and rows.loc["central", "noise_multiplier"] > 0
+    assert pd.isna(rows.loc["none", "epsilon"]) and (rows["final_accuracy"].between(0, 1)).all()
+    summary = (tmp_path / "worked.md").read_text()
+    assert f"{rows.loc['central', 'noise_multiplier']:.4f}" in summary

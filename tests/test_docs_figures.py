@@ -47,9 +47,6 @@ SETTINGS = {  # figures that are settings or definitions, not measurements
     ("docs/guide/troubleshooting.md", "60 s"),
     ("docs/guide/troubleshooting.md", "60 seconds"),
 }
-# A worked example whose figures its own command (printed above them) makes, with no
-# committed results to compare with yet; named here so that it is a known gap.
-UNCHECKED = {"docs/guide/privacy.md"}
 
 
 def _prose(text: str) -> str:
@@ -76,8 +73,6 @@ def test_every_figure_on_a_page_is_quoted_from_its_source(path):
         origin = (REPO / source).read_text()
         for figure in figures(quoted):
             assert in_source(figure, origin), f"{name}: {figure!r} is not in {source}"
-    if name in UNCHECKED:
-        return
     loose = [
         f
         for f in figures(QUOTED.sub("", text))

@@ -48,7 +48,7 @@ def save(rows: list[dict], name: str, out: Path = RESULTS) -> Path:
 
 
 def run_cli(
-    config: Path,
+    config: Path | None,
     sets: list[str],
     out: Path | str,
     env: dict[str, str] | None = None,
@@ -64,7 +64,7 @@ def run_cli(
             "-m",
             "perfed_ray.cli",
             "run",
-            str(config),
+            *([str(config)] if config else []),
             *[a for s in sets for a in ("--set", s)],
             "--out",
             str(out),
