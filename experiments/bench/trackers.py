@@ -1,7 +1,7 @@
 """What the trackers cost a run: the paper's FedAvg on MNIST with `report_to` off, each
 of TensorBoard, MLflow and W&B alone, and all three, side by side in one invocation.
 
-    python experiments/bench/trackers.py [--rounds 100] [--repeats 3]
+    python experiments/bench/trackers.py [--rounds 200] [--repeats 8]
     python experiments/bench/trackers.py --smoke --out /tmp/bench   # CI: seconds
 
 Workload: experiments/configs/table1/mnist-tau10-alpha0.01.yaml with `algorithm:
@@ -114,8 +114,8 @@ def measure(mode: str, rounds: int, sets: list[str], folder: Path) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--smoke", action="store_true", help="a few rounds, for CI")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
