@@ -26,15 +26,10 @@ import math
 
 import torch
 
-from perfed_ray.algorithms.tree import Params
+from perfed_ray.algorithms.tree import Params, per_user
 from perfed_ray.postprocess import UserPostprocessor
 from perfed_ray.privacy import UNCLIPPED
 from perfed_ray.seeding import Stream, torch_generator
-
-
-def _per_user(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A per-user vector [n] shaped to broadcast against a stacked leaf [n, ...]."""
-    return x.view(-1, *[1] * (like.dim() - 1))
 
 
 class ClipUpdates(UserPostprocessor):
@@ -75,7 +70,7 @@ class ClipUpdates(UserPostprocessor):
         user axis, and the factors that clipped them."""
         updates = self._updates(server, models)
         scales = self._scales(updates)
-        return {k: u * _per_user(scales[k], u) for k, u in updates.items()}, scales
+        return {k: u * per_user(scales[k], u) for k, u in updates.items()}, scales
 
     def _count(self, scales: dict[str, torch.Tensor], users: list[int]) -> dict[str, float]:
         if not self.count_unclipped:
