@@ -313,12 +313,25 @@ def _mid_run(runs: pd.DataFrame, rounds: pd.DataFrame) -> set[str]:
     return set(running) & set(rounds["run_id"])
 
 
+def _wait_stopped(pid: int) -> None:
+    """Until the kernel has stopped `pid`: SIGSTOP lands when the process next leaves a
+    system call, so one writing its runs row may still rename it into place."""
+    while True:
+        with open(f"/proc/{pid}/stat") as stat:  # FileNotFoundError: it has exited
+            state = stat.read().rpartition(")")[2].split()[0]
+        if state in ("T", "t"):
+            return
+        if state in ("Z", "X"):
+            raise ProcessLookupError(pid)  # it exited before the signal landed
+        time.sleep(0.01)
+
+
 def _frozen_mid_run(out: Path, process: subprocess.Popen) -> int:
     """Once a trial has finished: a trial mid-run frozen by SIGSTOP to its driver (the
     process whose id its run's lock holds), and that process's id. A trial seen mid-run
-    may finish before the signal lands, so the tables are read again once it is
-    frozen: mid-run still, it stays so for as long as the test needs; finished, it is
-    let go on and another is looked for."""
+    may finish before the signal lands, so the tables are read again once the kernel
+    says it is stopped: mid-run still, it stays so for as long as the test needs;
+    finished, it is let go on and another is looked for."""
     while True:
         _poll(out, process, lambda runs, rounds: (runs["status"] == "finished").any())
         _poll(out, process, lambda runs, rounds: bool(_mid_run(runs, rounds)))
@@ -326,6 +339,7 @@ def _frozen_mid_run(out: Path, process: subprocess.Popen) -> int:
             try:  # a trial that has just ended may have let its lock go, or its process
                 pid = int((RunStore(out, run_id).folder / RunLock.FILE).read_text().split()[0])
                 os.kill(pid, signal.SIGSTOP)
+                _wait_stopped(pid)
             except (FileNotFoundError, IndexError, ProcessLookupError):
                 continue
             if run_id in _mid_run(read_runs(out), read_table(out, "rounds")):
