@@ -250,3 +250,29 @@ def test_sigterm_ends_a_run_as_interrupted_with_status_130_and_it_resumes(ray_se
     [run_dir] = (out / "checkpoints").iterdir()
     simulate(resume=run_dir)
     _assert_same(out, outcome(reference))
+
+
+def test_an_actor_ray_says_died_with_its_node_is_the_nodes_loss_before_its_table_says_so(
+    ray_session,
+):
+    """Ray's GCS marks a lost node's actors dead as it marks the node, so an actor's death
+    can reach the driver before the node table holds the node as dead: the death's own
+    words (Ray's, as its GCS writes them) make it the node's loss then. An actor that
+    died alone, on a node that is alive, is its own."""
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+    from ray.exceptions import ActorDiedError
+
+    from perfed_ray.runtime.pool import lost_with_node
+
+    def died(message: str) -> ActorDiedError:
+        context = ActorDiedErrorContext(error_message=message, actor_id=bytes(16))
+        return ActorDiedError(context)
+
+    alive = ray_session.get_runtime_context().get_node_id()
+    with_node = died(f"The actor is dead because its node has died. Node Id: {alive}")
+    assert lost_with_node(alive, with_node) == alive
+    assert (
+        lost_with_node(alive, died("The actor is dead because its worker process has died."))
+        is None
+    )
+    assert lost_with_node(None, with_node) is None

@@ -147,6 +147,19 @@ def dead_nodes() -> set[str]:
     return {node["NodeID"] for node in ray.nodes() if not node["Alive"]}
 
 
+# How Ray (its GCS) says an actor died with its node. It marks the node's actors dead
+# as it marks the node, and a driver may read its node table in between.
+NODE_DIED = "because its node has died"
+
+
+def lost_with_node(node: str | None, death: BaseException | None) -> str | None:
+    """`node`, where an actor on it died with it: Ray's node table holds it as dead, or
+    the actor's `death` (Ray's verdict) says so; else None (the actor died alone)."""
+    if node is None:
+        return None
+    return node if NODE_DIED in str(death) or node in dead_nodes() else None
+
+
 def free_share(request: Request) -> Request | None:
     """What a replacement asks Ray for: None (its placement's `request`) where the
     cluster has that much free, else what it has free of each, floored to Ray's 1e-4
@@ -260,10 +273,11 @@ class ActorPool:
             except (RayActorError, ObjectLostError) as err:
                 # Unreachable, or its result lost with its node's object store: dead
                 # only once Ray says so (a fault that passes: the same call again).
-                if not isinstance(err, ActorDiedError) and self._recovers(i):
+                death = err if isinstance(err, ActorDiedError) else self._verdict(i)
+                if death is None:
                     pending[self._call(i, method, args[i])] = i
                     continue
-                node = self.nodes[i] if self.nodes[i] in dead_nodes() else None
+                node = lost_with_node(self.nodes[i], death)
                 if not self.replaceable:
                     detail = first_line(err)
                     if node is None:
@@ -275,24 +289,24 @@ class ActorPool:
                 continue
             yield i, result
 
-    def _recovers(self, i: int) -> bool:
-        """Whether actor i, unreachable (its connection or its result lost: the first
-        signs of a node going), answers again; False once Ray declares it dead, which for
-        a lost node comes when the head's health checks give the node up. Waiting for
-        that verdict keeps a replacement off the dying node and records the loss as the
-        node's."""
+    def _verdict(self, i: int) -> BaseException | None:
+        """None if actor i, unreachable (its connection or its result lost: the first
+        signs of a node going), answers again; else Ray's word that it is dead, which for
+        a lost node comes when the head's health checks give the node up (or the wait
+        timed out). Waiting for that verdict keeps a replacement off the dying node and
+        records the loss as the node's."""
         deadline = time.monotonic() + PLACE_TIMEOUT_S
         while time.monotonic() < deadline:
             probe = self.actors[i].describe.remote()
             ray.wait([probe], timeout=deadline - time.monotonic())
             try:
                 ray.get(probe, timeout=0)
-                return True
+                return None
             except ActorUnavailableError:
                 time.sleep(0.5)
-            except (RayActorError, ray.exceptions.GetTimeoutError):
-                return False
-        return False
+            except (RayActorError, ray.exceptions.GetTimeoutError) as dead:
+                return dead
+        return TimeoutError(f"actor {i} unreachable for {PLACE_TIMEOUT_S:g} s")
 
     def _replace(
         self,
