@@ -222,8 +222,10 @@ def test_a_sweep_on_the_cluster_places_each_trials_actors_and_matches_a_local_ru
 
 
 def assert_same_as_local(out: Path, config: Path, local: Path) -> None:
-    """The rows under `out` have the numbers of `config` run on the session's plain Ray."""
-    simulate(load(config), local, progress=False)
+    """The rows under `out` have the numbers of `config` run on the session's plain Ray
+    (into `local`, once: a later call with the same `local` compares with that run)."""
+    if not (local / "runs").exists():
+        simulate(load(config), local, progress=False)
     for table, keys in (("rounds", ["round"]), ("evals", ["round", "user", "draw"])):
         on_cluster, on_local = (
             pd.read_parquet(folder / table).sort_values(keys).reset_index(drop=True)

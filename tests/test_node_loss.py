@@ -151,4 +151,4 @@ def test_the_head_lost_resumes_on_a_new_cluster_and_a_sweep_losing_a_node_matche
     # The trial lost something: its actors, replaced, or its driver, and Tune restored it.
     swept = read_table(tmp_path / "swept", "runs")
     assert swept["resumes"].iloc[0] == 1 or not _node_died(tmp_path / "swept").empty
-    assert_same_as_local(tmp_path / "swept", config, tmp_path / "local-sweep")
+    assert_same_as_local(tmp_path / "swept", config, tmp_path / "local")  # the trial's config
