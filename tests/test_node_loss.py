@@ -10,6 +10,7 @@ about thirty), so that each test takes what its runs and clusters take."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -61,8 +62,8 @@ def _kill_node(env: dict, node: int | None = None) -> int:
 def _run_losing_a_node(
     config: Path, out: Path, address: str, env: dict, node: int | None = None, **extra: str
 ) -> tuple[int, str]:
-    """`perfed-ray run` on the cluster, node `node` killed once round KILL_AT is shown;
-    its exit status and what it printed on stderr."""
+    """`perfed-ray run` on the cluster, node `node` killed once round KILL_AT is shown
+    (the driver stopped meanwhile); its exit status and what it printed on stderr."""
     run = subprocess.Popen(
         [*PERFED_RAY, "run", str(config), "--address", address, "--out", str(out)],
         stderr=subprocess.PIPE,
@@ -76,7 +77,13 @@ def _run_losing_a_node(
         seen.append(line)
         shown = line.split()[1].split("/")[0] if line.startswith("round ") else "0"
         if not killed and int(shown) >= KILL_AT:
-            _kill_node(env, node)
+            # The driver held while the node goes: at tens of rounds a second, the run
+            # would otherwise end (final evaluation and all) before the node is gone.
+            run.send_signal(signal.SIGSTOP)
+            try:
+                _kill_node(env, node)
+            finally:
+                run.send_signal(signal.SIGCONT)
             killed = True
     assert killed, "".join(seen)
     return run.wait(timeout=300), "".join(seen)
@@ -101,7 +108,11 @@ def test_a_worker_lost_with_room_rolls_per_user_state_back_to_the_same_rows(ray_
         code, stderr = _run_losing_a_node(config, tmp_path / "cluster", address, env)
     assert code == 0, stderr
     died = _node_died(tmp_path / "cluster")
-    assert not died.empty and died["detail"].str.contains("rolled back").all(), died
+    events = read_table(tmp_path / "cluster", "events")[["round", "kind", "detail"]]
+    assert not died.empty and died["detail"].str.contains("rolled back").all(), (
+        events.to_string(),
+        stderr[-2000:],
+    )
     assert_same_as_local(tmp_path / "cluster", config, tmp_path / "local")
 
 
