@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -296,6 +297,12 @@ def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session
     _assert_same(_by_trial(out), _by_trial(alone))
 
 
+def _tune_pids(out: Path, sweep: str, run_id: str) -> set[int]:
+    """The processes Tune ran trial `run_id` in, from the trial's result.json."""
+    lines = (out / SWEEPS / sweep / run_id / "result.json").read_text().splitlines()
+    return {json.loads(line)["pid"] for line in lines}
+
+
 def _poll(out: Path, process: subprocess.Popen, ready) -> None:
     """Wait until `ready(runs, rounds)` holds for the tables under `out`, however long the
     machine takes; the sweep ending first fails (it is finite, so the wait is too)."""
@@ -425,3 +432,11 @@ def test_runs_say_why_they_ended_and_the_search_picks_on_validation(ray_session,
         }
     ]
     assert "best by validation accuracy, per algorithm:" in stdout
+    # Trials of one shape one after another: Tune hands the first trial's process on to
+    # each next one (Tune's own result.json says where each ran), and with it the actor
+    # a finished or stopped run left idle; a diverged run's actor is not kept.
+    trials = {run_id: _tune_pids(out, "search", run_id) for run_id in runs["run_id"]}
+    assert len(set().union(*trials.values())) == 1, trials
+    actors = read_table(out, "actors").groupby("run_id")["pid"].agg(set)
+    assert actors["search-0000"] == actors["search-0001"] == actors["search-0002"]
+    assert not actors["search-0003"] & actors["search-0002"]

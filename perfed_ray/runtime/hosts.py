@@ -16,6 +16,12 @@ local Ray itself, :mod:`perfed_ray.runtime.local_ray`) or where asked with
 ``PERFED_RAY_WARM_HOSTS=1`` (the test suite; a notebook that runs nothing else on its
 Ray); a run that wants another share lets every idle host go first, and
 :func:`release` lets them go for other work (a sweep's trials).
+
+A sweep's trial places its actors in bundles of its own placement group, which Tune
+hands, with the trial's process, to the sweep's next trial of the same shape
+(:mod:`perfed_ray.sweep.trial`): hosts idle there hold nothing anyone else could
+have, so a trial's process keeps them (:func:`keep_in_groups`), keyed by group and
+bundle, and the next trial there skips both processes' start.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ import os
 from collections.abc import Callable
 
 import ray
+from ray.util.placement_group import PlacementGroup
 
 ENV = "PERFED_RAY_WARM_HOSTS"
 
-Key = tuple[float, float, str]  # CPUs, GPUs, Ray session
+Key = tuple[float, float, str]  # CPUs, GPUs, where: Ray session, or group and bundle
 _idle: dict[Key, list[ray.actor.ActorHandle]] = {}
 _lent: dict[bytes, Key] = {}  # actor id -> the share it holds, for actors a run holds
+_in_groups = False  # this process keeps hosts idle in its placement group's bundles
 
 
 def _wanted() -> bool:
@@ -38,8 +46,20 @@ def _wanted() -> bool:
     return os.environ.get(ENV) == "1" or local_ray.owns_ray()
 
 
-def key(num_cpus: float, num_gpus: float) -> Key | None:
-    """What a host must hold to be lent again: None where hosts are not kept."""
+def keep_in_groups() -> None:
+    """This process runs one run after another in a placement group that is its own
+    (a sweep's trial actor): keep their hosts idle in its bundles."""
+    global _in_groups
+    _in_groups = True
+
+
+def key(
+    num_cpus: float, num_gpus: float, group: PlacementGroup | None = None, bundle: int = 0
+) -> Key | None:
+    """What a host must hold to be lent again (its share, and where: bundle `bundle` of
+    `group`, or anywhere in this Ray session): None where hosts are not kept."""
+    if group is not None:
+        return (num_cpus, num_gpus, f"{group.id.hex()}:{bundle}") if _in_groups else None
     if not _wanted():
         return None
     return (num_cpus, num_gpus, ray.get_runtime_context().get_job_id())

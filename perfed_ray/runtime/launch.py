@@ -85,7 +85,7 @@ def actor_factory(
             faults.armed(),
         )
         return hosts.lend(
-            hosts.key(num_cpus, num_gpus) if where == "SPREAD" else None,
+            hosts.key(num_cpus, num_gpus, group, 1 + actor),
             lambda: UserActor.options(
                 num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy=where
             ).remote(*hosted),

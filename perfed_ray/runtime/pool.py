@@ -242,8 +242,8 @@ class ActorPool:
         return total
 
     def stop(self, keep: bool = False) -> None:
-        """End the actors, or with `keep` (a run that finished) leave them to host the
-        next run (:mod:`perfed_ray.runtime.hosts`)."""
+        """End the actors, or with `keep` (a run that finished, or was stopped between
+        rounds) leave them to host the next run (:mod:`perfed_ray.runtime.hosts`)."""
         hosts.give_back(self.actors, keep)
         self.actors = []
 

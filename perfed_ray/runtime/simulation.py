@@ -78,7 +78,7 @@ from perfed_ray.runtime.pool import (
     StateLost,
 )
 from perfed_ray.runtime.rollbacks import RollBacks
-from perfed_ray.runtime.rounds import Progress, Rounds
+from perfed_ray.runtime.rounds import Progress, Rounds, Stopped
 from perfed_ray.version import __version__
 
 
@@ -309,7 +309,7 @@ def run(
     incarnations = share = bound = None
     request = None if group is not None else bundles(placement)[0]
     pool = rounds = None
-    finished = False
+    idle = False  # the run finished, or its runner stopped it between rounds
     try:
         while True:
             pool = ActorPool(
@@ -353,7 +353,10 @@ def run(
                 if request is not None:
                     share = _share_left(lost, request, len(placement.blocks))
         row.update(_peak_memory(pool))
-        finished = True
+        idle = True
+    except Stopped:
+        idle = True
+        raise
     finally:
         if rounds is not None:
             done = rounds.rounds_done
@@ -361,4 +364,4 @@ def run(
                 wall_seconds=rounds.wall_seconds(), rounds_done=done, epsilon=strategy.epsilon(done)
             )
         if pool is not None:
-            pool.stop(keep=finished)
+            pool.stop(keep=idle)

@@ -288,7 +288,7 @@ def _tuner(
         param_space=param_space(sweep, out, command, stops),
         tune_config=tune.TuneConfig(
             scheduler=_scheduler(sweep),
-            reuse_actors=False,
+            reuse_actors=True,  # a trial's process hosts the next (sweep.trial)
             trial_name_creator=_run_id,
             trial_dirname_creator=_run_id,
         ),

@@ -35,6 +35,7 @@ import ray
 from ray import tune
 
 from perfed_ray.lifecycle import status_of
+from perfed_ray.runtime import hosts
 from perfed_ray.runtime.rounds import Progress, Stopped
 from perfed_ray.sweep import ENDED
 
@@ -79,11 +80,26 @@ class Trial(tune.Trainable):
         # it is slow to exit; its own handler then prints a SystemExit traceback from
         # wherever the process was. Nothing here needs cleaning up by then: die quietly.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        hosts.keep_in_groups()
+        self._begin(config)
+
+    def _begin(self, config: dict[str, Any]) -> None:
         self.run_id: str = config["trial"]["run_id"]
+        self.tune_id: str = self.trial_id  # Tune's id of the trial this run is
         self.out = Path(config["out"])
         self.results: queue.Queue = queue.Queue(maxsize=1)
         self.verdicts: queue.Queue = queue.Queue(maxsize=1)
         self.thread: threading.Thread | None = None
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Host the sweep's next trial in this process and placement group (Tune reuses
+        a trial's actor for a trial of the same shape, `reuse_actors`): the last
+        trial's run is ended as :meth:`cleanup` would (Tune does not call it for an
+        actor it keeps), and the next run finds its actors idle here
+        (:mod:`perfed_ray.runtime.hosts`), sparing a process start for each."""
+        self.cleanup()
+        self._begin(new_config)
+        return True
 
     def step(self) -> dict[str, Any]:
         if self.thread is None:
@@ -108,7 +124,7 @@ class Trial(tune.Trainable):
     def _stopped(self) -> bool:
         try:
             stops = ray.get_actor(self.config["stops"])
-            return ray.get(stops.has.remote(self.trial_id), timeout=30)
+            return ray.get(stops.has.remote(self.tune_id), timeout=30)
         except (ValueError, ray.exceptions.RayError):  # no driver, so no decision: interrupted
             return False
 
