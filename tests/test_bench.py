@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import shutil
 import subprocess
 import sys
@@ -214,24 +215,29 @@ def test_the_side_by_side_script_compares_two_checkouts(
     assert float(ratio) == round(rows.loc["this", "speed"] / rows.loc["baseline", "speed"], 3)
 
 
-def _printed_ratios(printed: str, title: str) -> tuple[list[str], list[float]]:
-    """The last row of the ratios table a side-by-side script printed under `title`:
-    its columns' names and values."""
+def _printed_ratios(
+    printed: str, title: str, row: str | None = None
+) -> tuple[list[str], list[float]]:
+    """A row of the ratios table a side-by-side script printed under `title` (the one
+    whose index starts with `row`, or the last): its columns' names and values."""
     lines = printed.splitlines()
     at = lines.index(title)
-    *_, values = lines[at + 1 :]
-    return lines[at + 1].split(), [float(v) for v in values.split()[-2:]]
+    table = list(itertools.takewhile(str.strip, lines[at + 1 :]))  # to a blank line
+    rows = [line for line in table[1:] if row is None or line.split()[0] == row]
+    return table[0].split(), [float(v) for v in rows[-1].split()[-2:]]
 
 
-def _assert_sides(rows: pd.DataFrame, other: str, whole: str, printed: str, title: str) -> None:
+def _assert_sides(
+    rows: pd.DataFrame, other: str, whole: str, printed: str, title: str, row: str | None = None
+) -> None:
     """What both side-by-side scripts write: the two sides, perfed-ray's first, each
     round inside its side's whole process (and perfed-ray's inside its run), and the
-    printed ratios those of the rows (pandas rounds as numpy does)."""
+    printed ratios (of workload `row`) those of the rows (pandas rounds as numpy does)."""
     assert rows.index.tolist() == ["perfed-ray", other]  # ABAB: perfed-ray first
     assert (2 * rows["round_seconds_mean"] < rows["whole_seconds"]).all()
     ours = rows.loc["perfed-ray"]
     assert 2 * ours["round_seconds_mean"] <= ours["run_seconds"] <= ours["whole_seconds"]
-    names, values = _printed_ratios(printed, title)
+    names, values = _printed_ratios(printed, title, row)
     assert names == ["per_round", whole]
     expected = [
         rows.loc[other, column] / ours[column]
@@ -272,28 +278,34 @@ def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writ
     assert rows.loc["flower", "flwr"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "workload",
-    [
-        "mnist",
-        "cifar10",
-    ],
-)
-def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
-    """Its smoke test: 2 rounds of a few users on each side, where pfl's own interpreter
-    is installed (never in perfed-ray's environment; skipped where there is none)."""
+@pytest.fixture(scope="module")
+def pfl_smoke(tmp_path_factory) -> tuple[Path, str]:
+    """pfl.py's smoke of its three workloads, in one invocation (its tables, and what
+    it printed), where pfl's own interpreter is installed (never in perfed-ray's
+    environment; skipped where there is none)."""
     _interpreter_or_skip("pfl", "pfl-research")
-    rows, printed = _smoke("pfl", tmp_path, "--workloads", workload)
-    rows = rows.set_index("tool")
-    assert set(rows.index) == {"perfed-ray", "pfl"} and set(rows["workload"]) == {workload}
+    out = tmp_path_factory.mktemp("pfl")
+    _, printed = _smoke("pfl", out, "--workloads", "mnist", "cifar10", "cifar10-dp")
+    return out, printed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["mnist", "cifar10"])
+def test_pfl_side_by_side_runs_both_sides_of_each_workload(pfl_smoke, workload):
+    """2 rounds of a few users on each side."""
+    out, printed = pfl_smoke
+    rows = pd.read_parquet(out / "pfl.parquet")
+    assert set(rows["workload"]) == {"mnist", "cifar10"}  # the private one is apart
+    rows = rows[rows["workload"] == workload].set_index("tool")
+    assert set(rows.index) == {"perfed-ray", "pfl"}
     cohort = {"mnist": 2, "cifar10": 4}[workload]  # pfl.py's SMOKE settings
     assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == cohort).all()
     # Two rounds: the median leaves the first out, so it is the second round's seconds.
     np.testing.assert_allclose(
         rows["round_seconds_median"], 2 * rows["round_seconds_mean"] - rows["first_round_seconds"]
     )
-    _assert_sides(rows, "pfl", "whole_process", printed, "pfl's seconds / perfed-ray's:")
+    title = "pfl's seconds / perfed-ray's:"
+    _assert_sides(rows, "pfl", "whole_process", printed, title, workload)
     # Both sides trained the same model from the same w_0 on the same users: 10 classes
     # start near ln 10 = 2.30 and two rounds leave both there, not diverged.
     assert np.allclose(rows["final_test_loss"], 2.3, atol=0.3)
@@ -301,16 +313,14 @@ def test_pfl_side_by_side_runs_both_sides_of_each_workload(tmp_path, workload):
 
 
 @pytest.mark.slow
-def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(tmp_path):
+def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(pfl_smoke):
     """The cifar10-dp smoke: 2 rounds of 4 users of 1,000 at epsilon 8 on each side. pfl's
     own accountant and perfed-ray's, each bisecting z, find the noise that dp-accounting's
     PLD (asked here directly) says spends epsilon 8 at q = 4 / 1,000 over 2 rounds."""
-    _interpreter_or_skip("pfl", "pfl-research")
     from dp_accounting import pld
 
-    rows, _ = _smoke("pfl", tmp_path, "--workloads", "cifar10-dp", table="pfl-dp")
-    assert not (tmp_path / "pfl.parquet").exists()  # the speed table is left alone
-    rows = rows.set_index("tool")
+    out, _ = pfl_smoke
+    rows = pd.read_parquet(out / "pfl-dp.parquet").set_index("tool")
     assert rows.index.tolist() == ["perfed-ray", "pfl"]
     assert rows.loc["pfl", "sampling_probability"] == 4 / 1000  # cohort / population
     assert rows.loc["pfl", "cohort_noise_multiplier"] == rows.loc["pfl", "noise_multiplier"]
@@ -324,8 +334,8 @@ def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(tmp
     assert rows.loc["perfed-ray", "epsilon"] == pytest.approx(8, rel=1e-3)
     # Two rounds from ln 10 = 2.30, noised (at z ~ 0.36 on 4 users) but not diverged.
     assert rows["final_test_loss"].between(2.0, 3.3).all()
-    summary = (tmp_path / "pfl-dp.md").read_text()
-    assert "--workloads cifar10-dp" in summary.splitlines()[2]  # the command on top
+    summary = (out / "pfl-dp.md").read_text()
+    assert "--workloads mnist cifar10 cifar10-dp" in summary.splitlines()[2]  # the command
     assert f"{z.loc['pfl']:.5g}" in summary and f"{z.loc['perfed-ray']:.5g}" in summary
 
 

@@ -68,11 +68,10 @@ def test_a_run_in_epochs_masks_the_steps_users_do_not_take_as_a_loop_over_users_
     base["fedrep"] = {"head_epochs": 1, "body_epochs": 1}
     result = perfed_ray.simulate({**base, "sgd": {"momentum": 0.5}}, tmp_path / "a")
     assert result.table("runs")["status"].tolist() == ["finished"]
-    packed = perfed_ray.simulate(
-        {**base, "sgd": {"momentum": 0.5}, "users_per_actor": 1, "engine": "sequential"},
-        tmp_path / "b",
+    looped = perfed_ray.simulate(
+        {**base, "sgd": {"momentum": 0.5}, "engine": "sequential"}, tmp_path / "b"
     )
     a, b = (
-        r.table("rounds").sort_values("round")["train_loss"].to_numpy() for r in (result, packed)
+        r.table("rounds").sort_values("round")["train_loss"].to_numpy() for r in (result, looped)
     )
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-6)

@@ -38,7 +38,9 @@ from pfl import pfl_python  # noqa: E402  (experiments/bench/pfl.py)
 OUT = HERE.parent / "results" / "privacy-accountants"  # not privacy/: a results folder
 POPULATION = 10_000  # the rate is what both accountants see; q * population users a round
 GRID = {"epsilon": [1, 2, 4, 8], "delta": [1e-5], "q": [0.01, 0.1], "rounds": [100, 1000]}
-SMOKE = {"epsilon": [2], "delta": [1e-5], "q": [0.1], "rounds": [10]}
+# Two budgets, the rate and rounds of a small grid cell: the test of both accountants
+# against pfl's (tests/test_accounting.py) is this smoke's.
+SMOKE = {"epsilon": [1, 8], "delta": [1e-5], "q": [0.01], "rounds": [100]}
 COMMAND = "python experiments/privacy/accountants.py"
 
 
@@ -137,7 +139,7 @@ def markdown(rows: pd.DataFrame, seconds: pd.DataFrame, command: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="one tiny case per accountant")
+    parser.add_argument("--smoke", action="store_true", help="two cases per accountant")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--pfl-python", type=Path, default=pfl_python())
     args = parser.parse_args(argv)
