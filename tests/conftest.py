@@ -43,11 +43,11 @@ LONGEST_FIRST = (
     "test_bench.py",
     "test_node_loss.py",
     "test_sweep.py",
-    "test_simulation.py",
     "test_recovery.py",
+    "test_simulation.py",
     "test_plugins.py",
-    "test_cluster.py",
     "test_async.py",
+    "test_cluster.py",
 )
 
 
