@@ -42,12 +42,12 @@ def _script(name: str, monkeypatch) -> ModuleType:
     return importlib.import_module(name)
 
 
-def _smoke_here(script: str, out: Path, monkeypatch) -> pd.DataFrame:
+def _smoke_here(script: str, out: Path, monkeypatch, *more: str) -> pd.DataFrame:
     """:func:`_smoke` in this process, on the session's Ray (the caller holds
     `ray_session`), for the scripts whose tests are of the rows they write, not of a
     process of their own; torch's thread count, which they set, is put back."""
     module = _script(script, monkeypatch)
-    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--smoke", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--smoke", "--out", str(out), *more])
     threads = torch.get_num_threads()
     try:
         module.main()
@@ -349,6 +349,7 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
         monkeypatch.delenv(variable, raising=False)  # the script sets them: put back after
     rows = _smoke_here("trackers", tmp_path, monkeypatch).set_index("mode")
     assert list(rows.index) == ["off", "tensorboard", "mlflow", "wandb", "tensorboard,mlflow,wandb"]
+    assert set(rows["mlflow_store"]) == {"file"}
     idle = ["thread_seconds_per_round", "thread_cpu_seconds_per_round", "tracker_start_seconds"]
     assert (rows.loc["off", idle] == 0).all()
     on = rows.drop(index="off")
@@ -359,6 +360,24 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
     assert (on["tracker_start_seconds"] > 0).all() and (on["tracker_end_seconds"] > 0).all()
     share = (on["driver_seconds_per_round"] + on["thread_seconds_per_round"]) / on["round_seconds"]
     assert on["share_of_round"].to_numpy() == pytest.approx(share.to_numpy())
+
+
+@pytest.mark.slow
+def test_the_trackers_benchmark_sends_mlflow_where_it_is_told_and_runs_the_modes_asked(
+    ray_session, tmp_path, monkeypatch
+):
+    """`--mlflow-uri` (a tracking server; here a store of the test's) and `--modes`."""
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from mlflow import MlflowClient
+
+    for variable in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "WANDB_MODE", "WANDB_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    store = (tmp_path / "theirs").as_uri()
+    more = ["--mlflow-uri", store, "--modes", "mlflow", "off"]
+    rows = _smoke_here("trackers", tmp_path / "out", monkeypatch, *more)
+    assert rows["mode"].tolist() == ["off", "mlflow"] and set(rows["mlflow_store"]) == {"file"}
+    experiment = MlflowClient(store).get_experiment_by_name("perfed-ray")
+    assert len(MlflowClient(store).search_runs([experiment.experiment_id])) == 1
 
 
 def test_the_report_regenerates_the_committed_benchmarks_from_the_committed_results(

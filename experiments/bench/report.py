@@ -469,9 +469,10 @@ def _spread(values: pd.Series) -> str:
     )
 
 
-def trackers_section() -> Fills:
-    """What report_to's trackers cost a run (trackers.py), if measured."""
-    path = RESULTS / "trackers.parquet"
+def trackers_section(name: str = "trackers") -> Fills:
+    """What report_to's trackers cost a run (trackers.py), if measured: MLflow on a
+    local file store, or (`trackers-server`) on a tracking server."""
+    path = RESULTS / f"{name}.parquet"
     if not path.exists():
         return None
     frame = _slowdown(pd.read_parquet(path))
@@ -1086,6 +1087,7 @@ SECTIONS: dict[str, Callable[[], Fills]] = {
     "breakdown_fixed": breakdown_fixed_section,
     "spans": spans_section,
     "trackers": trackers_section,
+    "trackers_server": lambda: trackers_section("trackers-server"),
     "scale": scale_section,
     "scale_privacy": scale_privacy_section,
     "async": async_section,
