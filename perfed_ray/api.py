@@ -169,28 +169,32 @@ def _run(
 
     if not verbose:
         chatter.hide()
-    # The data first: bad data fail in a second, before Ray's seconds of starting.
-    timeline.mark("data")
-    prepared = simulation.prepare(cfg)
-    timeline.mark("ray")
-    cluster = connect.cluster_address(address)
-    if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
-        from perfed_ray.runtime.environment import plugin_modules
-
-        connect.connect(cluster, plugin_modules(cfg))
-    local_ray.start([prepared.cfg])  # before `announce`, which may set signal handlers
-    timeline.mark("set-up")
-    if placement_group is None:  # a sweep's trial was sized by its reserved group
-        simulation.check_resources(prepared.cfg, life.record.blocks if life.resumed else None)
-    if announce:
-        announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
-    if progress is True:
-        progress = ProgressDisplay()
-    placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
-    writer = RunWriter(life.out, life.run_id, placed.cfg)
-    at = (life.checkpoint.round if life.checkpoint else -1) if life.resumed else None
-    trackers = tracking.follow(writer, placed.cfg, life.store.folder, at, sweep)
+    # The trackers' process loads their libraries while the data, Ray and the actors
+    # get ready.
+    trackers = tracking.start(cfg)
     try:
+        # The data first: bad data fail in a second, before Ray's seconds of starting.
+        timeline.mark("data")
+        prepared = simulation.prepare(cfg)
+        timeline.mark("ray")
+        cluster = connect.cluster_address(address)
+        if cluster and not ray.is_initialized():  # a sweep's trial runs inside the cluster
+            from perfed_ray.runtime.environment import plugin_modules
+
+            connect.connect(cluster, plugin_modules(cfg))
+        local_ray.start([prepared.cfg])  # before `announce`, which may set signal handlers
+        timeline.mark("set-up")
+        if placement_group is None:  # a sweep's trial was sized by its reserved group
+            simulation.check_resources(prepared.cfg, life.record.blocks if life.resumed else None)
+        if announce:
+            announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
+        if progress is True:
+            progress = ProgressDisplay()
+        placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
+        writer = RunWriter(life.out, life.run_id, placed.cfg)
+        at = (life.checkpoint.round if life.checkpoint else -1) if life.resumed else None
+        if trackers is not None:
+            tracking.follow(trackers, writer, placed.cfg, life.store.folder, at, sweep)
         with life.running(writer, placed.row(life.checkpoint)) as row:
             simulation.run(placed, life.store, writer, row, life.checkpoint, progress or None)
     finally:

@@ -246,7 +246,7 @@ def _kept(out: Path, run_id: str) -> str:
 @pytest.mark.slow
 def test_a_run_killed_mid_round_and_resumed_logs_no_step_twice(ray_session, offline, tmp_path):
     """SIGKILL in round 5 after the rows up to round 4 were written (checkpoint at
-    round 3), the trackers' thread somewhere in them: the resumed run continues the
+    round 3), the trackers' process somewhere in them: the resumed run continues the
     same MLflow and W&B runs and TensorBoard folder, sends what they miss up to round 3
     from the Parquet rows and the replayed rounds they do not hold, and every tracker
     then holds each step once, with the Parquet rows' losses and accuracies."""
@@ -261,8 +261,11 @@ def test_a_run_killed_mid_round_and_resumed_logs_no_step_twice(ray_session, offl
     out, run_dir, saved = killed_mid_round(ray_session, values, tmp_path)
     assert saved.round == 3
     run_id = run_dir.name.removeprefix("run_id=")
-    first = json.loads(_kept(out, run_id))  # rows up to round 4 were written, 3 checkpointed
-    assert set(first) == set(ALL) and all(0 <= kept["step"] <= 4 for kept in first.values())
+    # Rows up to round 4 were written, 3 checkpointed; the trackers' process, at its low
+    # priority, had started them all (the first rows wait for that), and logged some or none.
+    first = json.loads(_kept(out, run_id))
+    assert set(first) == set(ALL) and all(-1 <= kept["step"] <= 4 for kept in first.values())
+    assert first["mlflow"]["run_id"] and first["wandb"]["id"]
     # Resumed as a user resumes a killed run, by a new command: W&B keeps settings and
     # a service per process, which this test process's earlier runs have set up.
     resumed = subprocess.run(
@@ -310,7 +313,7 @@ def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp
     (as W&B offline: it may miss them, never holds them twice)."""
     from perfed_ray.results.writer import RunWriter
     from perfed_ray.tracking import TrackedRun, TrackerFeed
-    from perfed_ray.tracking.feed import KEPT
+    from perfed_ray.tracking.serve import KEPT
 
     _needs("mlflow")
     monkeypatch.syspath_prepend(str(PLUGINS))
@@ -320,7 +323,7 @@ def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp
     out, folder = tmp_path / "out", tmp_path / "checkpoint"
     writer = RunWriter(out, "r1", from_mapping(TINY))
     run = TrackedRun("r1", {"seed": 1}, out, False, None, {})
-    first = TrackerFeed(run, names, folder, writer)
+    first = TrackerFeed(names).follow(run, folder, writer)
     first(_rounds(range(0, 3)))
     first(_rounds(range(3, 5)))
     first.close()
@@ -331,17 +334,93 @@ def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp
         kept[name]["step"] = 2
     (folder / KEPT).write_text(json.dumps(kept))
     client, [tracked] = mlflow_runs(tmp_path)
-    sinks.Recording.sent.clear()
-    sinks.RecordingNoResend.sent.clear()
+    for sink in (sinks.Recording, sinks.RecordingNoResend):
+        (out / f"{sink.__name__}.steps").unlink()
 
-    second = TrackerFeed(replace(run, resumed=True), names, folder, writer)
+    second = TrackerFeed(names).follow(replace(run, resumed=True), folder, writer)
     second(_rounds(range(3, 7), n_sampled=[4, 4, 4, 4]))  # a metric the store lacks
     second.close()
-    assert sinks.Recording.sent == [3, 4, 5, 6]
-    assert sinks.RecordingNoResend.sent == [5, 6]
+    assert sinks.Recording.sent(out) == [3, 4, 5, 6]
+    assert sinks.RecordingNoResend.sent(out) == [5, 6]
     got = mlflow_metrics(client, tracked.info.run_id)
     assert sorted(got["train_loss"]) == [(s, 1.0 + s) for s in range(7)]
     assert sorted(got["n_sampled"]) == [(s, 4.0) for s in range(3, 7)]
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no process priorities here")
+def test_trackers_run_in_their_own_process_at_the_lowest_priority(tmp_path, monkeypatch):
+    """The trackers run in a process of their own (never holding the driver's
+    interpreter lock) at niceness 19, and so does what they start, so that they take the
+    cores only where the run's processes leave them idle; the driver keeps its own."""
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+    from perfed_ray.tracking.feed import LOWEST
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    assert before < LOWEST
+    writer = RunWriter(tmp_path / "out", "r1", from_mapping(TINY))
+    run = TrackedRun("r1", {}, tmp_path, False, None, {})
+    feed = TrackerFeed(["sinks:Niceness"]).follow(run, tmp_path / "checkpoint", writer)
+    feed(_rounds(range(0, 2)))
+    feed.close()
+    seen = json.loads((tmp_path / "niceness.json").read_text())
+    assert seen.pop("pid") != os.getpid()
+    assert seen == {"start": LOWEST, "child": LOWEST, "log": LOWEST}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    assert writer.buffers["events"] == [] and feed.process.poll() is None  # kept, alive
+
+
+def test_ctrl_c_to_the_process_group_leaves_the_trackers_to_the_driver(tmp_path, monkeypatch):
+    """Ctrl-C (SIGINT) and a scheduler's SIGTERM reach every process of the driver's
+    group: the trackers' process goes on until the driver ends it (as it ends an
+    interrupted run's trackers), so they are closed, not killed mid-write."""
+    import signal
+
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import sinks
+
+    out = tmp_path / "out"
+    writer = RunWriter(out, "r1", from_mapping(TINY))
+    run = TrackedRun("r1", {}, out, False, None, {})
+    feed = TrackerFeed(["sinks:Recording"]).follow(run, tmp_path, writer)
+    feed(_rounds(range(0, 2)))  # once the trackers have started
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        feed.process.send_signal(stop)
+    feed(_rounds(range(2, 4)))
+    feed.close()
+    assert writer.buffers["events"] == [] and feed.process.poll() is None  # kept, alive
+    assert sinks.Recording.sent(out) == [0, 1, 2, 3]
+
+
+def test_the_trackers_process_dying_is_one_event_and_the_run_goes_on(tmp_path, monkeypatch):
+    """A tracker whose library ends its whole process: the driver goes on writing its
+    rows, and its final row brings one `tracker-failed` event naming the trackers and
+    the process's exit status."""
+    import pyarrow as pa
+
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    out = tmp_path / "out"
+    writer = RunWriter(out, "r1", from_mapping(TINY))
+    run = TrackedRun("r1", {}, out, False, None, {})
+    feed = TrackerFeed(["sinks:Dying"]).follow(run, tmp_path, writer)
+    writer.listeners.append(feed)
+    for steps in (range(0, 1), range(1, 3), range(3, 4)):
+        writer.add("rounds", [{"round": s, "train_loss": 1.0} for s in steps])
+        writer.flush()
+    feed({"runs": pa.table({"status": ["finished"]})})
+    assert read_table(out, "rounds")["round"].tolist() == [0, 1, 2, 3]
+    events = read_table(out, "events")
+    assert events["kind"].tolist() == ["tracker-failed"]
+    assert events["detail"].iloc[0] == (
+        "sinks:Dying: the trackers' process ended with status 3: every tracker is off"
+    )
 
 
 @pytest.mark.slow

@@ -15,26 +15,29 @@ if TYPE_CHECKING:
     from perfed_ray.config import RunConfig
     from perfed_ray.results.writer import RunWriter
 
-__all__ = ["TrackedRun", "Tracker", "TrackerFeed", "follow"]
+__all__ = ["TrackedRun", "Tracker", "TrackerFeed", "follow", "start"]
+
+
+def start(cfg: RunConfig) -> TrackerFeed | None:
+    """The trackers `cfg.report_to` names, their process started now (as the run
+    begins: their libraries load while the driver readies it); None where it names
+    none."""
+    names = [n for n in cfg.report_to.split(",") if n]
+    return TrackerFeed(names) if names else None
 
 
 def follow(
+    feed: TrackerFeed,
     writer: RunWriter,
     cfg: RunConfig,
     folder: Path,
     resumed_at: int | None,
     sweep: str | None = None,
-) -> TrackerFeed | None:
-    """Start the trackers `cfg.report_to` names for the run `writer` writes, listening to
-    its writes; None where it names none. `folder` (the run's checkpoint folder) keeps
-    what they logged; `resumed_at` is the round a resumed run continues after (-1:
-    before its first checkpoint; None: a new run); `sweep` names the sweep the run is
-    a trial of."""
-    names = [n for n in cfg.report_to.split(",") if n]
-    if not names:
-        return None
+) -> None:
+    """Have `feed` follow the run `writer` writes (`cfg`: as placed), listening to its
+    writes. `folder` (the run's checkpoint folder) keeps what they logged;
+    `resumed_at` is the round a resumed run continues after (-1: before its first
+    checkpoint; None: a new run); `sweep` names the sweep the run is a trial of."""
     resumed = resumed_at is not None
     run = TrackedRun(writer.run_id, cfg.to_dict(), writer.out, resumed, sweep, {})
-    feed = TrackerFeed(run, names, folder, writer, resumed_at)
-    writer.listeners.append(feed)
-    return feed
+    writer.listeners.append(feed.follow(run, folder, writer, resumed_at))

@@ -2,12 +2,13 @@
 MLflow, Weights & Biases, or a user's own class named by dotted path in
 ``report_to``), beside the Parquet tables, which stay the record.
 
-A tracker is told five things, in this order, all on the driver
-(:mod:`perfed_ray.tracking.feed` decides when): :meth:`Tracker.start` with the run's
-whole configuration, :meth:`Tracker.log` once per round with that round's row and,
-at an evaluated round, the evaluation's aggregates, :meth:`Tracker.flush` once the
-rows of a write are logged, :meth:`Tracker.summary` with the run's summary row, and
-:meth:`Tracker.close` with its status. It may raise anything: the feed reports the
+A tracker is told five things, in this order, all in one thread of the driver's at
+the lowest priority (:mod:`perfed_ray.tracking.feed` decides when):
+:meth:`Tracker.start` with the run's whole configuration, :meth:`Tracker.log` once
+per round with that round's row and, at an evaluated round, the evaluation's
+aggregates, :meth:`Tracker.flush` once the rows of a write are logged,
+:meth:`Tracker.summary` with the run's summary row, and :meth:`Tracker.close` with
+its status. It may raise anything: the feed reports the
 failure once in the run's `events` and stops using it, and the run goes on.
 
 Its library is imported in :meth:`Tracker.start`, never when the module loads, so
@@ -52,11 +53,15 @@ class Tracker:
     perfed-ray extra that installs it, named by the error when it is missing.
     `resends`: whether a resumed run sends it the steps in doubt again (it holds each
     step at most once itself); False for one that cannot tell what it holds, which is
-    not sent them and may lose them, but never holds a step twice."""
+    not sent them and may lose them, but never holds a step twice. `imports`: the
+    modules its :meth:`start` imports, loaded as the run begins, while the driver
+    readies the data, Ray and the actors, so that the run's first rows do not wait
+    for them."""
 
     library: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
     resends: ClassVar[bool] = True
+    imports: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def check_installed(cls, name: str) -> None:

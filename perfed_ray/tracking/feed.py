@@ -3,160 +3,148 @@ trackers see what the Parquet tables hold, in the same order, and the rounds' lo
 knows nothing of them.
 
 :class:`TrackerFeed` is the writer's listener (:class:`~perfed_ray.results.writer.RunWriter`
-calls it after each write): a write's new `rounds` and `evals` rows become one
-:meth:`~perfed_ray.tracking.base.Tracker.log` per round, the final `runs` row the
-summary and the end. The trackers run in a thread of their own, handed the written
-rows (immutable Arrow tables): the driver only queues them, and their work (a
-server's round trip, a file's flush) overlaps the next rounds, which mostly wait on
-the actors; the run's end waits for them.
-
-What each tracker holds (the last step it flushed, and the ids its ``start``
-returned) is kept in ``trackers.json`` beside the run's checkpoint, written after
-the tracker flushed; the last step it is being sent is written there before, so
-that a resumed run knows which steps a kill left in doubt (see
-:class:`~perfed_ray.tracking.base.TrackedRun`). A resumed run reopens the same
-tracker runs; the rounds up to its checkpoint that a tracker does not hold yet
-(queued when the run stopped) are sent again from the Parquet tables, and the rounds
-after it, which the run replays, only where the tracker does not hold them: no step
-is logged twice (a replayed round keeps, in the tracker, its first sitting's
-timings), and none is lost but the steps in doubt of a tracker that cannot tell
-whether it holds them (``resends = False``). A tracker that
-raises is reported once in `events` (kind ``tracker-failed``) and on stderr, and is
-not used again; the run goes on.
+calls it after each write): a write's new `rounds` and `evals` rows go to the
+trackers, the final `runs` row brings the summary and the end. The trackers run in a
+process of their own (:mod:`perfed_ray.tracking.serve`) at the lowest priority: the
+driver only hands it the written rows (immutable Arrow tables, pickled down a pipe),
+and their work (a server's round trip, a file's flush, the libraries' Python) neither
+holds the driver's interpreter lock, which the next round's dispatch and aggregation
+need, nor takes a core from the actors while they compute. The run's end waits for
+them. A tracker that raises is reported once in `events` (kind ``tracker-failed``)
+and on stderr, and is not used again; the run goes on, and so it does if the
+trackers' process itself dies.
 """
 
 from __future__ import annotations
 
-import json
-import math
+import contextlib
+import os
+import pickle
 import queue
+import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from perfed_ray.analysis import evaluation_accuracy, summary
-from perfed_ray.errors import first_line
-from perfed_ray.registry import TRACKERS
-from perfed_ray.results.layout import EVALS, EVENTS, FILE, ROUNDS, RUNS, run_folder
-from perfed_ray.results.schema import SCHEMAS
-from perfed_ray.results.writer import write_atomically
-from perfed_ray.tracking.base import TrackedRun, Tracker
+from perfed_ray.results.layout import EVALS, EVENTS, ROUNDS, RUNS
+from perfed_ray.tracking.base import TrackedRun
+from perfed_ray.tracking.serve import EVALUATED, FAILED, Follow, Prepare
 
 if TYPE_CHECKING:
     from perfed_ray.results.writer import RunWriter
 
-KEPT = "trackers.json"  # beside the run's checkpoint
-STEPS = ("step", "sent")  # what trackers.json holds of each tracker beside its ids
-FAILED = "tracker-failed"  # the events table's kind
+LOWEST = 19  # the trackers' process's niceness
+# A run's trackers' process, kept when the run ends for the driver's next run (a
+# sweep's next trial in the same process, a notebook's next run), by its niceness:
+# their libraries stay loaded, as the run's actors stay warm. It ends with the driver.
+_spare: dict[int, subprocess.Popen] = {}
 
 
-def _finite(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Values a tracker can take: no nulls, and no NaN or infinity (a round no user
-    reported, the epsilon of a run without privacy), which JSON-speaking servers
-    refuse."""
-    return {
-        k: v
-        for k, v in values.items()
-        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
-    }
-
-
-def round_metrics(rounds: pa.Table) -> dict[int, dict[str, float]]:
-    """Each round's numeric columns (the table's own: `train_loss`, `wall_seconds`,
-    `bytes_sent`, `epsilon`, `sim_time` where the run has a clock ...), by round."""
-    names = [
-        f.name
-        for f in rounds.schema
-        if f.name != "round" and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
-    ]
-    columns = rounds.select(["round", *names]).to_pylist()
-    return {row.pop("round"): _finite(row) for row in columns}
-
-
-def evaluation_metrics(evals: pa.Table) -> dict[int, dict[str, float]]:
-    """Each evaluation's aggregates (:func:`perfed_ray.analysis.evaluation_accuracy`),
-    by round."""
-    frame = evals.select(["round", "draw", "acc_after", "acc_before", "unseen"]).to_pandas()
-    return {int(r): _finite(evaluation_accuracy(rows)) for r, rows in frame.groupby("round")}
+def _keep(process: subprocess.Popen, niceness: int) -> None:
+    """Keep `process` for the next run at `niceness`, letting go of one kept before."""
+    older = _spare.pop(niceness, None)
+    if older is not None:
+        with contextlib.suppress(OSError):
+            older.stdin.close()  # it ends at once
+    _spare[niceness] = process
 
 
 class TrackerFeed:
-    """The trackers `report_to` names, for one run whose rows `writer` writes (and
-    whose events table hears of a tracker's failure); what they hold is kept in
-    `folder` (the run's checkpoint folder). A resumed run's trackers are sent the
-    rounds up to `resumed_at` (its checkpoint's round) that they do not hold yet."""
+    """The trackers `report_to` names, in their own process, started as the run begins
+    so that their libraries load while the driver readies the data, Ray and the actors;
+    :meth:`follow` then names the run they follow."""
 
-    def __init__(
-        self,
-        run: TrackedRun,
-        names: list[str],
-        folder: Path,
-        writer: RunWriter,
-        resumed_at: int | None = None,
-    ) -> None:
-        self.run, self.writer = run, writer
-        self.path = Path(folder) / KEPT
-        kept = json.loads(self.path.read_text()) if run.resumed and self.path.exists() else {}
-        self.kept: dict[str, dict[str, Any]] = {n: kept.get(n, {}) for n in names}
-        self.step = -1  # the last round logged, for a failure's event
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.run: TrackedRun | None = None  # until followed
         self.failed: list[dict[str, Any]] = []  # events not yet handed to the writer
         self.unwritten = False  # events handed to the writer but not yet written
+        self.ended = False  # the end was sent
+        # The CPU seconds the trackers' process took to start (imports, tracker runs
+        # opened), once it has: what a run pays once, apart from what it pays a round.
+        self.start_cpu: float | None = None
+        # Set once the trackers have started (their runs opened and kept beside the
+        # checkpoint) or their process has died: the first rows wait for it, so that a
+        # run killed from then on finds its tracker runs to continue.
+        self.started = threading.Event()
+        self.waited = 0.0  # seconds the first rows waited for it
+        # Set once the trackers have ended (summary written, runs closed), or their
+        # process has died: which of the two, the listener tells by it.
+        self.finished = threading.Event()
         self.lock = threading.Lock()
-        self.trackers: dict[str, Tracker] = {}
-        for name in names:
-            tracker = TRACKERS.load(name)()
-            ids = {k: v for k, v in self.kept[name].items() if k not in STEPS}
-            logged = int(self.kept[name].get("step", -1))
-            sent = max(logged, int(self.kept[name].get("sent", -1)))
-            tracked = replace(run, kept=ids, logged=logged, sent=sent)
-            started = self._call(name, tracker.start, tracked)
-            if started is not None:
-                self.trackers[name] = tracker
-                done = logged if tracker.resends else sent
-                self.kept[name] = {**self.kept[name], **started, "step": done, "sent": done}
-        self.queue: queue.Queue = queue.Queue()
-        if resumed_at is not None:
-            self.queue.put(("sent", self._recorded(resumed_at)))
-        self.worker = threading.Thread(target=self._work, name="perfed-ray-trackers", daemon=True)
-        self.worker.start()
-
-    def _recorded(self, through: int) -> dict[str, pa.Table]:
-        """The run's rounds and evaluations up to round `through`, as written."""
-        tables = {}
-        for name in (ROUNDS, EVALS):
-            path = run_folder(self.run.out, name, self.run.run_id) / FILE
-            if path.exists():
-                table = pq.read_table(path, columns=SCHEMAS[name].names)
-                tables[name] = table.filter(pc.field("round") <= through)
-        return tables
-
-    def _call(self, name: str, method: Callable[..., Any], *args: Any) -> Any:
-        """`method(*args)` of tracker `name`; if it raises, the tracker is reported
-        and dropped (None is returned)."""
-        try:
-            result = method(*args)
-        except Exception as err:
-            self._fail(name, err)
-            return None
-        return {} if result is None else result
-
-    def _fail(self, name: str, err: Exception) -> None:
-        self.trackers.pop(name, None)
-        detail = f"{name}: {first_line(err)}"
-        event = {"round": max(self.step, 0), "kind": FAILED, "actor": None, "users": None}
-        with self.lock:
-            self.failed.append({**event, "detail": detail})
-        print(
-            f"perfed-ray: tracker {detail}; it is off for the rest of run {self.run.run_id}",
-            file=sys.stderr,
+        self.process = _spare.pop(LOWEST, None) or subprocess.Popen(
+            [sys.executable, "-m", "perfed_ray.tracking"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
+        self.niceness = LOWEST
+        # Messages are pickled and written by a thread of the driver's: a large write
+        # (a final evaluation of a million users) never waits on the pipe in the rounds'
+        # loop, while the trackers' process, at its low priority, catches up.
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [
+            threading.Thread(target=target, name=f"perfed-ray-trackers-{what}", daemon=True)
+            for target, what in ((self._post, "post"), (self._listen, "listen"))
+        ]
+        for thread in self.threads:
+            thread.start()
+        self.outbox.put(Prepare(names, LOWEST, list(sys.path), dict(os.environ), os.getcwd()))
+
+    def follow(
+        self, run: TrackedRun, folder: Path, writer: RunWriter, resumed_at: int | None = None
+    ) -> TrackerFeed:
+        """Follow `run`, whose rows `writer` writes (and whose events table hears of a
+        tracker's failure), keeping what the trackers hold in `folder` (the run's
+        checkpoint folder). A resumed run's trackers are sent the rounds up to
+        `resumed_at` (its checkpoint's round) that they do not hold yet."""
+        self.run, self.writer = run, writer
+        self.outbox.put(Follow(run, Path(folder), resumed_at))
+        return self
+
+    def _post(self) -> None:
+        """Write each message down the trackers' process's input, until the run's last
+        (None); a process that has died is sent nothing more (the listener reports
+        it)."""
+        pipe = self.process.stdin
+        while (message := self.outbox.get()) is not None:
+            try:
+                pickle.dump(message, pipe)
+                pipe.flush()
+            except OSError:  # a broken pipe: the process is gone
+                pass
+
+    def _listen(self) -> None:
+        """The failures the trackers' process reports, kept for the driver's thread
+        to hand to the writer; its death before the end is one more."""
+        answers = self.process.stdout
+        while True:
+            try:
+                kind, what = pickle.load(answers)
+            except EOFError:
+                break
+            if kind == "started":
+                self.start_cpu = what
+                self.started.set()
+                continue
+            if kind == "ended":  # the process waits for the next run's trackers
+                self.finished.set()
+                return
+            with self.lock:
+                self.failed.append(what)
+        self.started.set()
+        code = self.process.wait()
+        if not self.finished.is_set() and self.run is not None:
+            detail = f"the trackers' process ended with status {code}: every tracker is off"
+            print(f"perfed-ray: {detail} for run {self.run.run_id}", file=sys.stderr)
+            event = {"round": 0, "kind": FAILED, "actor": None, "users": None}
+            with self.lock:
+                self.failed.append({**event, "detail": f"{','.join(self.names)}: {detail}"})
+        self.finished.set()
 
     def _report(self) -> bool:
         """Hand the failures' events to the writer (on the driver's thread, which owns
@@ -175,88 +163,35 @@ class TrackerFeed:
             self.unwritten = False
         self.unwritten |= self._report()
         if RUNS not in written:
-            self.queue.put(("sent", dict(written)))
+            sent = {k: v for k, v in written.items() if k in (ROUNDS, EVALS)}
+            if EVALS in sent:  # what the aggregates need, not a million users' every column
+                sent[EVALS] = sent[EVALS].select(EVALUATED)
+            if not self.started.is_set():
+                began = time.perf_counter()
+                self.started.wait()
+                self.waited = time.perf_counter() - began
+            self.outbox.put(("sent", sent))
             return
         status = written[RUNS]["status"][0].as_py()
         if status != "running":
-            self.queue.put(("end", status))
-            self.worker.join()
+            self._end(status)
             if self._report() or self.unwritten:
                 self.writer.flush()
 
-    def _work(self) -> None:
-        """The trackers' thread: each write's rows in turn, until the run's end. Even a
-        defect here only turns the trackers off: the run goes on."""
-        while True:
-            kind, what = self.queue.get()
-            try:
-                if kind == "sent":
-                    self._take(what)
-                else:
-                    self._end(what)
-                    return
-            except Exception as err:
-                for name in list(self.trackers):
-                    self._fail(name, err)
-
-    def _take(self, written: Mapping[str, pa.Table]) -> None:
-        steps: dict[int, dict[str, float]] = {}
-        if ROUNDS in written:
-            steps = round_metrics(written[ROUNDS])
-        if EVALS in written:
-            for step, figures in evaluation_metrics(written[EVALS]).items():
-                steps[step] = {**steps.get(step, {}), **figures}
-        if steps:
-            self._log(steps)
-
-    def _log(self, steps: dict[int, dict[str, float]]) -> None:
-        """Each tracker gets the rounds it does not hold yet, in order, then flushes;
-        only then is its last step kept. The last step it is about to be sent is kept
-        first, so that a resumed run knows which steps are in doubt."""
-        todo = {
-            name: sorted(s for s in steps if s > self.kept[name]["step"]) for name in self.trackers
-        }
-        if not any(todo.values()):  # replayed rounds every tracker holds: nothing to keep
-            return
-        for name, todo_steps in todo.items():
-            self.kept[name]["sent"] = max([self.kept[name]["step"], *todo_steps])
-        self._keep()
-        for name, tracker in list(self.trackers.items()):
-            for step in todo[name]:
-                self.step = step
-                metrics = steps[step]
-                if self._call(name, tracker.log, step, metrics, metrics.get("sim_time")) is None:
-                    break
-            else:
-                if self._call(name, tracker.flush) is not None:
-                    self.kept[name]["step"] = self.kept[name]["sent"]
-        self._keep()
-
-    def _keep(self) -> None:
-        text = json.dumps(self.kept)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, lambda tmp: tmp.write_text(text))
-
-    def _end(self, status: str) -> None:
-        """The run's summary (`perfed-ray summary`'s row), then each tracker's end
-        (`status` None: the run ended before its final row, as failed)."""
-        if self.trackers and status is not None:
-            rows = summary(self.run.out, self.run.run_id).to_dict("records")
-            values = _finite({k: _plain(v) for k, v in rows[0].items()}) if rows else {}
-            for name, tracker in list(self.trackers.items()):
-                self._call(name, tracker.summary, values)
-        for name, tracker in list(self.trackers.items()):
-            self._call(name, tracker.close, status or "failed")
-        self.trackers.clear()
+    def _end(self, status: str | None) -> None:
+        """Send the end and wait for the trackers to finish it; their process, alive,
+        is kept for this driver's next run."""
+        self.ended = True
+        self.outbox.put(("end", status))
+        self.outbox.put(None)
+        for thread in self.threads:
+            thread.join()
+        if self.process.poll() is None:
+            _keep(self.process, self.niceness)
 
     def close(self) -> None:
         """Let go of the trackers of a run that ended before its final row (a full
-        disk): their end, as failed."""
-        if self.worker.is_alive():
-            self.queue.put(("end", None))
-            self.worker.join()
-
-
-def _plain(value: Any) -> Any:
-    """A pandas or numpy scalar as the Python value trackers serialise."""
-    return value.item() if hasattr(value, "item") else value
+        disk: their end, as failed), or before it was followed (its data refused:
+        nothing to close)."""
+        if not self.ended:
+            self._end(None)

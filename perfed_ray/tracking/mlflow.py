@@ -32,6 +32,7 @@ def _chunks(items: list, size: int) -> list[list]:
 class MLflow(Tracker):
     library = "mlflow"
     extra = "mlflow"
+    imports = ("mlflow",)
 
     def start(self, run: TrackedRun) -> dict[str, str]:
         from mlflow import MlflowClient

@@ -27,6 +27,7 @@ HEADLINE = ("acc_after", "acc_before", "train_loss")
 class TensorBoard(Tracker):
     library = "tensorboard"
     extra = "tensorboard"
+    imports = ("torch.utils.tensorboard", "tensorboard.compat.proto.summary_pb2")
 
     def start(self, run: TrackedRun) -> dict[str, str]:
         from torch.utils.tensorboard import SummaryWriter

@@ -29,6 +29,7 @@ IN_USE_SECONDS = 30
 class WandB(Tracker):
     library = "wandb"
     extra = "wandb"
+    imports = ("wandb",)
     resends = False
 
     def start(self, run: TrackedRun) -> dict[str, str]:
