@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from perfed_ray import config as configuration
 from perfed_ray import timeline
-from perfed_ray.display import ProgressDisplay, SummaryTable
-from perfed_ray.lifecycle import RunLife, new_run_id
 from perfed_ray.results.layout import check_out
 
 if TYPE_CHECKING:
+    import pandas as pd
     from ray.util.placement_group import PlacementGroup
+
+    from perfed_ray.display import SummaryTable
+    from perfed_ray.lifecycle import RunLife
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class RunResult:
     def summary(self) -> SummaryTable:
         """The run's row of `perfed-ray summary`, which prints as that command's table."""
         from perfed_ray.analysis import summary
+        from perfed_ray.display import SummaryTable
 
         return SummaryTable(summary(self.out, self.run_id))
 
@@ -131,6 +132,14 @@ def simulate(
     all four (:mod:`perfed_ray.sweep`).
     """
     overrides = list(overrides)
+    if resume is None:
+        cfg = to_config(config, overrides, **changes)
+        folder = Path(out or "results")
+        check_out(folder)
+    # A run's machinery (torch among it) loads once its configuration is found good:
+    # `perfed-ray run` refuses a bad one in a fraction of a second.
+    from perfed_ray.lifecycle import RunLife, new_run_id
+
     if resume is not None:
         given = None if config is None else to_config(config, overrides, **changes)
         pending = (
@@ -139,9 +148,6 @@ def simulate(
         life = RunLife.resume(resume, given, pending, out)
         cfg = life.config
     else:
-        cfg = to_config(config, overrides, **changes)
-        folder = Path(out or "results")
-        check_out(folder)
         life = RunLife.new(folder, run_id or new_run_id(cfg.algorithm))
     with life:
         _run(life, cfg, address, progress, announce, verbose, placement_group, command, sweep)
@@ -189,6 +195,8 @@ def _run(
         if announce:
             announce(prepared.cfg, RunResult(life.run_id, life.out), life.resumed)
         if progress is True:
+            from perfed_ray.display import ProgressDisplay
+
             progress = ProgressDisplay()
         placed = simulation.place(prepared, life.run_id, life.record, placement_group, command)
         writer = RunWriter(life.out, life.run_id, placed.cfg)

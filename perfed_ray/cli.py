@@ -21,7 +21,6 @@ from typing import NoReturn
 
 from perfed_ray import __version__, exiting, timeline
 from perfed_ray import config as configuration
-from perfed_ray.display import duration
 from perfed_ray.errors import ConfigError, InputError, UnreadableFile
 from perfed_ray.results.layout import REPORT, traceback_log
 
@@ -413,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     if args.command in ("run", "sweep") and status == 0 and not getattr(args, "dry_run", False):
+        from perfed_ray.display import duration  # pandas: not for a command refused at once
+
         print(f"done in {duration(time.perf_counter() - start)}", file=sys.stderr)
     return status
 

@@ -23,10 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from perfed_ray import config as configuration
 from perfed_ray.errors import ConfigError, first_line
-from perfed_ray.results.layout import CHECKPOINTS, RUNS, TABLES, run_folder, traceback_log
+from perfed_ray.results.layout import (
+    CHECKPOINTS,
+    RUNS,
+    SAFE_ID,
+    TABLES,
+    run_folder,
+    traceback_log,
+)
 from perfed_ray.results.reader import read_table
 from perfed_ray.results.writer import check_rows
-from perfed_ray.runtime.checkpoint import SAFE_ID, Checkpoint, RunRecord, RunStore, locate
+from perfed_ray.runtime.checkpoint import Checkpoint, RunRecord, RunStore, locate
 from perfed_ray.runtime.lock import Busy, RunLock
 
 if TYPE_CHECKING:

@@ -61,6 +61,30 @@ def test_a_bad_configuration_file_is_one_line_naming_it_and_where(tmp_path, text
     assert message in line
 
 
+REFUSED_AT_ONCE = [
+    ("run", "rounds: -3\n", "error: rounds = -3 is out of range: an integer >= 1"),
+    ("sweep", "base: nowhere.yaml\n", "configuration file 'nowhere.yaml' does not exist"),
+]
+
+
+@pytest.mark.parametrize(("command", "text", "message"), REFUSED_AT_ONCE)
+def test_a_bad_file_is_refused_before_the_runs_machinery_loads(tmp_path, command, text, message):
+    """`perfed-ray run` and `sweep` check their file before they load what a run
+    needs: a bad one is refused without importing torch, Ray, pandas or pyarrow (torch
+    alone takes seconds, tens on a loaded machine)."""
+    (tmp_path / "bad.yaml").write_text(text)
+    heavy = ["pandas", "pyarrow", "ray", "torch"]
+    probe = (
+        f"import sys; from perfed_ray.cli import main; status = main([{command!r}, 'bad.yaml']); "
+        f"print(status, sorted(set({heavy!r}) & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.stdout.strip() == "2 []", result.stdout + result.stderr
+    assert message in result.stderr.strip()
+
+
 def test_anchors_and_overrides_of_merged_keys_are_no_duplicates(tmp_path):
     from perfed_ray import yamlfile
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 from perfed_ray.errors import ConfigError
@@ -31,6 +32,7 @@ TABLES = (RUNS, ROUNDS, EVALS, EVENTS, ACTORS, TASKS)
 APPENDED = tuple(t for t in TABLES if t != RUNS)  # tables that grow as a run goes
 
 CHECKPOINTS = "checkpoints"
+SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 SWEEPS = "sweeps"
 LOGS = "logs"
 REPORT = "report"

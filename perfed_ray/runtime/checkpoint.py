@@ -39,7 +39,6 @@ from perfed_ray.results.writer import write_atomically
 from perfed_ray.strategy import ServerState
 
 _RUN_ID = re.compile(r"run_id=(.+)")
-SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")  # a run id names folders: no separators, no dots
 # Prefixes of the server state's named arrays in checkpoint.npz: the optimiser's (absent
 # in checkpoints of runs before server optimisers kept state), a strategy's own and the
 # privacy mechanism's.

@@ -43,7 +43,7 @@ from perfed_ray import config as configuration
 from perfed_ray import yamlfile
 from perfed_ray.config import CORE, RunConfig, base_type, flatten, legacy_keys
 from perfed_ray.errors import ConfigError, did_you_mean
-from perfed_ray.runtime.checkpoint import SAFE_ID
+from perfed_ray.results.layout import SAFE_ID
 from perfed_ray.runtime.placement import bundles, plan
 
 SECTIONS = (
