@@ -396,6 +396,32 @@ def test_ctrl_c_to_the_process_group_leaves_the_trackers_to_the_driver(tmp_path,
     assert sinks.Recording.sent(out) == [0, 1, 2, 3]
 
 
+def test_the_next_run_reuses_the_trackers_process_unless_it_died_meanwhile(tmp_path, monkeypatch):
+    """A run's trackers' process is kept for the driver's next run (its libraries
+    loaded); one that died meanwhile is replaced, and the next run's trackers get every
+    step."""
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import sinks
+
+    def one_run(out: Path) -> TrackerFeed:
+        writer = RunWriter(out, "r1", from_mapping(TINY))
+        run = TrackedRun("r1", {}, out, False, None, {})
+        feed = TrackerFeed(["sinks:Recording"]).follow(run, tmp_path / out.name, writer)
+        feed(_rounds(range(0, 2)))
+        feed.close()
+        assert writer.buffers["events"] == [] and sinks.Recording.sent(out) == [0, 1]
+        return feed
+
+    first = one_run(tmp_path / "first")
+    assert one_run(tmp_path / "second").process is first.process
+    first.process.kill()
+    first.process.wait()
+    assert one_run(tmp_path / "third").process is not first.process
+
+
 def test_the_trackers_process_dying_is_one_event_and_the_run_goes_on(tmp_path, monkeypatch):
     """A tracker whose library ends its whole process: the driver goes on writing its
     rows, and its final row brings one `tracker-failed` event naming the trackers and

@@ -2,14 +2,14 @@
 MLflow, Weights & Biases, or a user's own class named by dotted path in
 ``report_to``), beside the Parquet tables, which stay the record.
 
-A tracker is told five things, in this order, all in one thread of the driver's at
-the lowest priority (:mod:`perfed_ray.tracking.feed` decides when):
-:meth:`Tracker.start` with the run's whole configuration, :meth:`Tracker.log` once
-per round with that round's row and, at an evaluated round, the evaluation's
-aggregates, :meth:`Tracker.flush` once the rows of a write are logged,
-:meth:`Tracker.summary` with the run's summary row, and :meth:`Tracker.close` with
-its status. It may raise anything: the feed reports the
-failure once in the run's `events` and stops using it, and the run goes on.
+A tracker is told five things, in this order, in the trackers' own process at the
+lowest priority (:mod:`perfed_ray.tracking.serve`; :mod:`perfed_ray.tracking.feed`
+decides when): :meth:`Tracker.start` with the run's whole configuration,
+:meth:`Tracker.log` once per round with that round's row and, at an evaluated round,
+the evaluation's aggregates, :meth:`Tracker.flush` once the rows of a write are
+logged, :meth:`Tracker.summary` with the run's summary row, and :meth:`Tracker.close`
+with its status. It may raise anything: the failure is reported once in the run's
+`events`, the tracker is not used again, and the run goes on.
 
 Its library is imported in :meth:`Tracker.start`, never when the module loads, so
 that checking a configuration costs no import of it: :meth:`Tracker.check_installed`

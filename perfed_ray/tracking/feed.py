@@ -45,7 +45,17 @@ LOWEST = 19  # the trackers' process's niceness
 _spare: dict[int, subprocess.Popen] = {}
 
 
-def _keep(process: subprocess.Popen, niceness: int) -> None:
+def _spare_process(niceness: int) -> subprocess.Popen:
+    """The process kept at `niceness` if it is still alive, else a new one."""
+    kept = _spare.pop(niceness, None)
+    if kept is not None and kept.poll() is None:
+        return kept
+    return subprocess.Popen(
+        [sys.executable, "-m", "perfed_ray.tracking"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+
+
+def _keep_spare(process: subprocess.Popen, niceness: int) -> None:
     """Keep `process` for the next run at `niceness`, letting go of one kept before."""
     older = _spare.pop(niceness, None)
     if older is not None:
@@ -73,16 +83,9 @@ class TrackerFeed:
         # run killed from then on finds its tracker runs to continue.
         self.started = threading.Event()
         self.waited = 0.0  # seconds the first rows waited for it
-        # Set once the trackers have ended (summary written, runs closed), or their
-        # process has died: which of the two, the listener tells by it.
-        self.finished = threading.Event()
         self.lock = threading.Lock()
-        self.process = _spare.pop(LOWEST, None) or subprocess.Popen(
-            [sys.executable, "-m", "perfed_ray.tracking"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
         self.niceness = LOWEST
+        self.process = _spare_process(self.niceness)
         # Messages are pickled and written by a thread of the driver's: a large write
         # (a final evaluation of a million users) never waits on the pipe in the rounds'
         # loop, while the trackers' process, at its low priority, catches up.
@@ -93,7 +96,8 @@ class TrackerFeed:
         ]
         for thread in self.threads:
             thread.start()
-        self.outbox.put(Prepare(names, LOWEST, list(sys.path), dict(os.environ), os.getcwd()))
+        here = Prepare(names, self.niceness, list(sys.path), dict(os.environ), os.getcwd())
+        self.outbox.put(here)
 
     def follow(
         self, run: TrackedRun, folder: Path, writer: RunWriter, resumed_at: int | None = None
@@ -132,19 +136,18 @@ class TrackerFeed:
                 self.started.set()
                 continue
             if kind == "ended":  # the process waits for the next run's trackers
-                self.finished.set()
                 return
             with self.lock:
                 self.failed.append(what)
+        # Its input or its output gone before the end: the process died.
         self.started.set()
         code = self.process.wait()
-        if not self.finished.is_set() and self.run is not None:
+        if self.run is not None:
             detail = f"the trackers' process ended with status {code}: every tracker is off"
             print(f"perfed-ray: {detail} for run {self.run.run_id}", file=sys.stderr)
             event = {"round": 0, "kind": FAILED, "actor": None, "users": None}
             with self.lock:
                 self.failed.append({**event, "detail": f"{','.join(self.names)}: {detail}"})
-        self.finished.set()
 
     def _report(self) -> bool:
         """Hand the failures' events to the writer (on the driver's thread, which owns
@@ -187,7 +190,7 @@ class TrackerFeed:
         for thread in self.threads:
             thread.join()
         if self.process.poll() is None:
-            _keep(self.process, self.niceness)
+            _keep_spare(self.process, self.niceness)
 
     def close(self) -> None:
         """Let go of the trackers of a run that ended before its final row (a full

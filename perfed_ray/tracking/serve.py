@@ -267,12 +267,12 @@ def serve(commands: IO[bytes], answers: IO[bytes]) -> None:
 
     try:
         while True:
-            follow(pickle.load(commands), commands, tell)
+            _one_run(pickle.load(commands), commands, tell)
     except EOFError:  # the driver is gone (or let this process go): as its thread, end
         return
 
 
-def follow(prepare: Prepare, commands: IO[bytes], tell: Callable[[str, Any], None]) -> None:
+def _one_run(prepare: Prepare, commands: IO[bytes], tell: Callable[[str, Any], None]) -> None:
     """One run: `prepare` names its trackers, the next command the run (or its end,
     where it ended before it began)."""
     began = time.process_time()
