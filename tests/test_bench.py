@@ -355,8 +355,11 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
     assert (rows.loc["off", idle] == 0).all()
     on = rows.drop(index="off")
     assert (on[["driver_seconds_per_round", "tracker_end_seconds"]] > 0).all().all()
-    # the first run's trackers' process loads the libraries; the next runs reuse it
-    assert on["tracker_start_cpu_seconds"].iloc[0] > on["tracker_start_cpu_seconds"].iloc[1:].max()
+    # Each run alone loads its library into the one trackers' process, which the next runs
+    # reuse: the last run, all three at once, finds them loaded (which single library loads
+    # slowest depends on the machine: W&B's did on CI's, torch's TensorBoard here).
+    start = on["tracker_start_cpu_seconds"]
+    assert start["tensorboard,mlflow,wandb"] < start.drop(index="tensorboard,mlflow,wandb").min()
 
 
 @pytest.mark.slow
