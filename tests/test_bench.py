@@ -366,7 +366,8 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
 def test_the_trackers_benchmark_sends_mlflow_where_it_is_told_and_runs_the_modes_asked(
     ray_session, tmp_path, monkeypatch
 ):
-    """`--mlflow-uri` (a tracking server; here a store of the test's) and `--modes`."""
+    """`--mlflow-uri` (a tracking server; here a store of the test's), `--modes` and
+    `--report-every`."""
     pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
     from mlflow import MlflowClient
 
@@ -374,9 +375,11 @@ def test_the_trackers_benchmark_sends_mlflow_where_it_is_told_and_runs_the_modes
         monkeypatch.delenv(variable, raising=False)
     store = (tmp_path / "theirs").as_uri()
     more = ["--mlflow-uri", store, "--modes", "mlflow", "off", "--niceness", "0", "19"]
+    more += ["--report-every", "3"]
     rows = _smoke_here("trackers", tmp_path / "out", monkeypatch, *more)
     assert rows["mode"].tolist() == ["off", "mlflow", "mlflow"]
     assert rows["niceness"].tolist() == [19, 0, 19] and set(rows["mlflow_store"]) == {"file"}
+    assert rows["report_every"].tolist() == [1, 3, 3]  # off sends nothing: 1, as the default
     experiment = MlflowClient(store).get_experiment_by_name("perfed-ray")
     assert len(MlflowClient(store).search_runs([experiment.experiment_id])) == 2
 

@@ -347,6 +347,72 @@ def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp
     assert sorted(got["n_sampled"]) == [(s, 4.0) for s in range(3, 7)]
 
 
+def test_report_every_sends_every_kth_round_and_every_evaluations_round(tmp_path, monkeypatch):
+    """`report_every: 3`: of rounds 1-7 written in three writes, the trackers get
+    rounds 3 and 6, and the evaluations' rounds 0 and 5."""
+    import pyarrow as pa
+
+    from perfed_ray.results.writer import RunWriter
+    from perfed_ray.tracking import TrackedRun, TrackerFeed
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import sinks
+
+    cfg = from_mapping({**TINY, "report_every": 3})
+    out = tmp_path / "out"
+    run = TrackedRun("r1", cfg.to_dict(), out, False, None, {})
+    feed = TrackerFeed(["sinks:Recording"]).follow(
+        run, tmp_path / "kept", RunWriter(out, "r1", cfg)
+    )
+
+    def evaluation(round_: int) -> pa.Table:
+        columns = {"round": [round_] * 2, "draw": [0, 0], "unseen": [False] * 2}
+        return pa.table({**columns, "acc_after": [0.5, 0.7], "acc_before": [0.1, 0.3]})
+
+    feed({"evals": evaluation(0)})
+    feed(_rounds(range(1, 5)))
+    feed({**_rounds(range(5, 8)), "evals": evaluation(5)})
+    feed.close()
+    assert sinks.Recording.sent(out) == [0, 3, 5, 6]
+
+
+def test_each_evaluation_is_sent_as_protocols_figures_for_seen_and_unseen_users():
+    """The aggregates a tracker gets of each evaluation in a write (numpy, in the
+    trackers' process) against pandas and scipy's t interval on the same rows: the
+    mean over users after adaptation, its interval over draws, and the seen and unseen
+    users' means, for two evaluations in one write."""
+    import numpy as np
+    import pyarrow as pa
+    from scipy import stats
+
+    from perfed_ray.tracking.serve import evaluation_metrics
+
+    rng = np.random.default_rng(3)
+    rows = pd.DataFrame(
+        [(r, u, d, u >= 4) for r in (20, 40) for u in range(6) for d in range(3)],
+        columns=["round", "user", "draw", "unseen"],
+    )
+    rows["acc_after"], rows["acc_before"] = rng.random(len(rows)), rng.random(len(rows))
+    got = evaluation_metrics(pa.Table.from_pandas(rows.sample(frac=1, random_state=1)))
+    assert sorted(got) == [20, 40]
+    for round_, frame in rows.groupby("round"):
+        per_draw = frame.groupby("draw")["acc_after"].mean()
+        half = stats.t.ppf(0.975, 2) * per_draw.std(ddof=1) / math.sqrt(3)
+        seen, unseen = frame[~frame["unseen"]], frame[frame["unseen"]]
+        assert got[round_] == pytest.approx(
+            {
+                "acc_after": frame["acc_after"].mean(),
+                "acc_after_ci95": half,
+                "acc_before": frame["acc_before"].mean(),
+                "acc_after_seen": seen["acc_after"].mean(),
+                "acc_before_seen": seen["acc_before"].mean(),
+                "acc_after_unseen": unseen["acc_after"].mean(),
+                "acc_before_unseen": unseen["acc_before"].mean(),
+            },
+            rel=1e-12,
+        )
+
+
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no process priorities here")
 def test_trackers_run_in_their_own_process_at_the_lowest_priority(tmp_path, monkeypatch):
     """The trackers run in a process of their own (never holding the driver's

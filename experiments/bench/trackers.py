@@ -6,6 +6,8 @@ of TensorBoard, MLflow and W&B alone, and all three, side by side in one invocat
         --niceness 19 0 --repeats 24        # the trackers' priority, lowest and the run's
     python experiments/bench/trackers.py --mlflow-uri http://127.0.0.1:5000 \
         --modes off mlflow tensorboard,mlflow,wandb   # MLflow on a tracking server
+    python experiments/bench/trackers.py --modes off tensorboard,mlflow,wandb \
+        --report-every 1 10        # every round's row to the trackers, every tenth's
     python experiments/bench/trackers.py --smoke --out /tmp/bench   # CI: seconds
 
 Workload: experiments/configs/table1/mnist-tau10-alpha0.01.yaml with `algorithm:
@@ -145,13 +147,13 @@ class Steady:
 
 
 def measure(
-    mode: str, niceness: int, rounds: int, sets: list[str], folder: Path
+    mode: str, niceness: int, every: int, rounds: int, sets: list[str], folder: Path
 ) -> dict[str, float]:
     """One run with `report_to` as `mode` says, its trackers' process at `niceness`,
-    and what they cost."""
+    sent every `every`-th round's row, and what they cost."""
     trackers = [] if mode == "off" else mode.split(",")
     feed.LOWEST = niceness
-    cfg = load(MNIST, [*sets, "algorithm=fedavg", f"rounds={rounds}"])
+    cfg = load(MNIST, [*sets, "algorithm=fedavg", f"rounds={rounds}", f"report_every={every}"])
     cfg = revise(cfg, report_to=trackers)
     with tempfile.TemporaryDirectory(dir=folder) as out:
         with Timed() as timed:
@@ -170,6 +172,7 @@ def measure(
         "mode": mode,
         "rounds": rounds,
         "niceness": niceness,
+        "report_every": every,
         "round_seconds": round_seconds,
         "mean_round_seconds": float(steady.mean()),
         "rounds_phase_per_round": float(run["wall_seconds"] - run["startup_seconds"]) / rounds,
@@ -197,15 +200,24 @@ def main() -> None:
         nargs="+",
         type=int,
         default=[feed.LOWEST],
-        help="run each tracker mode with the trackers' thread at each of these "
+        help="run each tracker mode with the trackers' process at each of these "
         "(default: the feed's own, the lowest priority; 0: the run's)",
+    )
+    parser.add_argument(
+        "--report-every",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="run each tracker mode sending the trackers every this many rounds' rows, "
+        "for each of these (`report_every`; default: every round)",
     )
     args = parser.parse_args()
     runs = [
-        (mode, niceness)
+        (mode, niceness, every)
         for mode in MODES
         if mode in args.modes
         for niceness in ([feed.LOWEST] if mode == "off" else args.niceness)
+        for every in ([1] if mode == "off" else args.report_every)
     ]
     sets = []
     if args.smoke:
@@ -218,15 +230,16 @@ def main() -> None:
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3's opt-in to file stores
         os.environ["WANDB_MODE"], os.environ["WANDB_DIR"] = "offline", folder
         for repeat in range(args.repeats):  # alternating, so a noisy minute slows every mode
-            for mode, niceness in runs if repeat % 2 == 0 else runs[::-1]:
+            for mode, niceness, every in runs if repeat % 2 == 0 else runs[::-1]:
                 row = {
-                    **measure(mode, niceness, args.rounds, sets, Path(folder)),
+                    **measure(mode, niceness, every, args.rounds, sets, Path(folder)),
                     "repeat": repeat,
                     "mlflow_store": urlparse(store).scheme,  # file, http ...
                 }
                 rows.append(row)
                 print(
-                    f"{mode:26} nice {niceness:2} round {1000 * row['round_seconds']:6.1f} ms "
+                    f"{mode:26} nice {niceness:2} every {every:2} round "
+                    f"{1000 * row['round_seconds']:6.1f} ms "
                     f"(mean {1000 * row['mean_round_seconds']:6.1f}), driver "
                     f"{1000 * row['driver_seconds_per_round']:5.2f} ms a round, trackers' "
                     f"process {1000 * row['steady_cpu_seconds_per_round']:5.2f} ms CPU a round "

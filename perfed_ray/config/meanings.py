@@ -215,6 +215,11 @@ MEANINGS: dict[str, str] = {
         "tensorboard, mlflow, wandb, or your own; e.g. --set report_to=[tensorboard,mlflow]. "
         "The Parquet tables stay the record"
     ),
+    "report_every": (
+        "send report_to's trackers every this many rounds' rows (and every evaluation's "
+        "round); 1: every round. A tracker's cost is per value logged (docs/guide/tracking.md: "
+        "What they cost); the Parquet tables keep every round"
+    ),
     "tensorboard_dir": (
         "folder of report_to: tensorboard's event files, each run in a folder named after "
         "it (a sweep's trials inside one named after the sweep); auto: the results "

@@ -99,6 +99,7 @@ class RunConfig:
     deadline: float | None = _key(None, low=0, low_open=True, auto=True, word="off")
     tag: str = _key("")
     report_to: str = _key("", registry=True, many=True)
+    report_every: int = _key(1, low=1)
     tensorboard_dir: str | None = _key(None, auto=True)
     settings: tuple[tuple[str, Any], ...] = ()  # components' settings: (dotted key, value)
 

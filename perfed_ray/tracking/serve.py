@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -115,8 +116,12 @@ def round_metrics(rounds: pa.Table) -> dict[int, dict[str, float]]:
 def evaluation_metrics(evals: pa.Table) -> dict[int, dict[str, float]]:
     """Each evaluation's aggregates (:func:`perfed_ray.analysis.evaluation_accuracy`),
     by round."""
-    frame = evals.select(EVALUATED).to_pandas()
-    return {int(r): _finite(evaluation_accuracy(rows)) for r, rows in frame.groupby("round")}
+    columns = {name: evals[name].to_numpy() for name in EVALUATED}
+    rounds = columns["round"]
+    return {
+        int(r): _finite(evaluation_accuracy({k: v[rounds == r] for k, v in columns.items()}))
+        for r in np.unique(rounds)
+    }
 
 
 class Trackers:
@@ -187,13 +192,17 @@ class Trackers:
         self.tell({**event, "detail": detail})
 
     def take(self, written: Mapping[str, pa.Table]) -> None:
-        """A write's new rows: each round's metrics, with its evaluation's where it has one."""
+        """A write's new rows: each round's metrics, with its evaluation's where it has
+        one; of the rounds without one, every `report_every`-th (a run made by hand, as
+        a tracker's own test makes one, may not say: every round)."""
+        every = int(self.run.config.get("report_every", 1))
+        evaluated = evaluation_metrics(written[EVALS]) if EVALS in written else {}
         steps: dict[int, dict[str, float]] = {}
         if ROUNDS in written:
-            steps = round_metrics(written[ROUNDS])
-        if EVALS in written:
-            for step, figures in evaluation_metrics(written[EVALS]).items():
-                steps[step] = {**steps.get(step, {}), **figures}
+            rounds = round_metrics(written[ROUNDS])
+            steps = {s: m for s, m in rounds.items() if s % every == 0 or s in evaluated}
+        for step, figures in evaluated.items():
+            steps[step] = {**steps.get(step, {}), **figures}
         if steps:
             self._log(steps)
 
