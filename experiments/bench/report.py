@@ -954,6 +954,33 @@ def _rate(frame: pd.DataFrame, algorithm: str, prefix: str) -> float | None:
     return None if rows.empty else float(rows["user_steps_per_second"].max())
 
 
+def trackers_targets(frame: pd.DataFrame) -> list[tuple[str, str, bool]]:
+    """All three trackers at the feed's niceness, per `report_every`: met where the
+    evidence shows it, not where a median within the machine's noise falls under 2%:
+    the CPU they take (a bound on what they can take from the run), or the tops of the
+    slowdowns' intervals."""
+    frame = _slowdown(frame)
+    lowest = frame["niceness"].max()  # the feed's own, where another was compared
+    all_three = frame[(frame["mode"] == ALL_TRACKERS) & (frame["niceness"] == lowest)]
+    rows = []
+    for every, runs in all_three.groupby("report_every"):
+        cpu = runs["steady_cpu_share_of_round"]
+        rounds, phase = runs["round_slowdown"], runs["slowdown"]
+        sent = "every round's row" if every == 1 else f"every {every}th round's row"
+        top = max(median_interval(rounds)[1], median_interval(phase)[1])
+        rows.append(
+            (
+                f"TensorBoard, MLflow and W&B together, sent {sent}, slow a round of "
+                "the paper's FedAvg by <= 2%",
+                f"mean round {_spread(rounds)}, rounds' phase {_spread(phase)} against "
+                f"off (median, 95% interval; {len(runs)} repeats); their process's CPU "
+                f"{100 * cpu.median():.2f}% of a round, at niceness {lowest}",
+                bool(cpu.median() <= 0.02 or top <= 0.02),
+            )
+        )
+    return rows
+
+
 def targets_section() -> Fills:
     """Each target with what was measured and whether it was met."""
     rows = []
@@ -1058,23 +1085,7 @@ def targets_section() -> Fills:
         rows += pfl_targets(pd.read_parquet(pfl))
     trackers = RESULTS / "trackers.parquet"
     if trackers.exists():
-        frame = _slowdown(pd.read_parquet(trackers))
-        lowest = frame["niceness"].max()  # the feed's own, where another was compared
-        all_three = frame[(frame["mode"] == ALL_TRACKERS) & (frame["niceness"] == lowest)]
-        for every, runs in all_three.groupby("report_every"):
-            cpu = runs["steady_cpu_share_of_round"]
-            rounds, phase = runs["round_slowdown"], runs["slowdown"]
-            sent = "every round's row" if every == 1 else f"every {every}th round's row"
-            rows.append(
-                (
-                    f"TensorBoard, MLflow and W&B together, sent {sent}, slow a round of "
-                    "the paper's FedAvg by <= 2%",
-                    f"mean round {_spread(rounds)}, rounds' phase {_spread(phase)} against "
-                    f"off (median, 95% interval; {len(runs)} repeats); their process's CPU "
-                    f"{100 * cpu.median():.2f}% of a round, at niceness {lowest}",
-                    bool(rounds.median() <= 0.02 and phase.median() <= 0.02),
-                )
-            )
+        rows += trackers_targets(pd.read_parquet(trackers))
     path = RESULTS / "async.parquet"
     if path.exists():
         rows += async_targets(pd.read_parquet(path))
