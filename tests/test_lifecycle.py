@@ -164,7 +164,7 @@ SMALL_FILES_ONLY = """
 import resource, signal, sys, ray
 ray.init(address=sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a kill
-resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+resource.setrlimit(resource.RLIMIT_FSIZE, (80_000, 80_000))
 from perfed_ray.cli import main
 sys.exit(main(["run", "--quiet", *sys.argv[2:]]))
 """
@@ -175,10 +175,13 @@ def test_a_disk_that_refuses_the_rows_still_gets_the_failed_status(ray_session, 
     """The rows cannot be written (each try fails again); the runs row, a small file,
     still says `failed` with the error, and the message says what the row says."""
     config = tmp_path / "run.yaml"
-    many = {  # the final evaluation's rows of 200 users and 10 draws: about 60 kB
+    # The final evaluation's rows of 200 users and 40 draws: about 240 kB, well over the
+    # limit, which the runs row (30 kB, with a column for each configuration key) is
+    # well under.
+    many = {
         **TINY,
         **{"n_users": 200, "partition": "iid", "batch_size": 10, "fraction": 0.05},
-        **{"rounds": 1, "users_per_actor": 100, "model": "logreg", "final_eval_draws": 10},
+        **{"rounds": 1, "users_per_actor": 100, "model": "logreg", "final_eval_draws": 40},
     }
     config.write_text(yaml.safe_dump(many))
     out = tmp_path / "results"
