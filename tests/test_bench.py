@@ -356,10 +356,10 @@ def test_the_trackers_benchmark_times_what_each_tracker_costs_beside_none(
     on = rows.drop(index="off")
     assert (on[["driver_seconds_per_round", "tracker_end_seconds"]] > 0).all().all()
     # Each run alone loads its library into the one trackers' process, which the next runs
-    # reuse: the last run, all three at once, finds them loaded (which single library loads
-    # slowest depends on the machine: W&B's did on CI's, torch's TensorBoard here).
+    # reuse: the last run, all three at once, finds them loaded and starts cheaper than a
+    # run that loaded MLflow or W&B (TensorBoard's event writer loads in a tenth of that).
     start = on["tracker_start_cpu_seconds"]
-    assert start["tensorboard,mlflow,wandb"] < start.drop(index="tensorboard,mlflow,wandb").min()
+    assert start["tensorboard,mlflow,wandb"] < start[["mlflow", "wandb"]].min()
 
 
 @pytest.mark.slow

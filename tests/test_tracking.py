@@ -347,6 +347,72 @@ def test_steps_in_doubt_when_killed_are_held_once_or_not_sent_again(offline, tmp
     assert sorted(got["n_sampled"]) == [(s, 4.0) for s in range(3, 7)]
 
 
+TENSORBOARD_ALONE = """
+import json, sys
+from pathlib import Path
+from perfed_ray.registry import TRACKERS
+from perfed_ray.tracking import TrackedRun
+config = {"alpha": 0.001, "algorithm": "fedavg", "download": True, "data_root": None}
+tracker = TRACKERS.load("tensorboard")()
+run = TrackedRun("r1", config, Path(sys.argv[1]), False, None, {})
+tracker.start(run)
+tracker.log(1, {"train_loss": 2.5, "wall_seconds": 0.1}, 30.0)
+tracker.log(2, {"train_loss": 2.0, "wall_seconds": 0.1}, 61.0)
+tracker.flush()
+tracker.summary({"accuracy": 0.75, "rounds_done": 2, "status": "finished"})
+tracker.close("finished")
+print(json.dumps(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
+"""
+
+
+def test_tensorboard_writes_scalars_hparams_and_summary_without_torch(tmp_path):
+    """The TensorBoard tracker alone, in a process of its own as the trackers' is: the
+    scalars at their rounds with the simulated time as wall time, the HParams tab's
+    experiment, session start and end, the summary's scalars and text, read back with
+    TensorBoard's own reader; and torch never imported."""
+    _needs("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import api_pb2, metadata
+
+    done = subprocess.run(
+        [sys.executable, "-c", TENSORBOARD_ALONE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []  # no torch in the trackers' process for it
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "r1"))
+    events.Reload()
+    loss = events.Scalars("train_loss")
+    assert [(e.step, e.value, e.wall_time) for e in loss] == [(1, 2.5, 30.0), (2, 2.0, 61.0)]
+    assert [(e.step, e.value) for e in events.Scalars("summary/accuracy")] == [(2, 0.75)]
+    assert (
+        "| status | finished |" in events.Tensors("summary")[0].tensor_proto.string_val[0].decode()
+    )
+    hparams = events.PluginTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(hparams[metadata.EXPERIMENT_TAG])
+    kinds = {i.name: i.type for i in experiment.hparam_infos}
+    assert kinds == {
+        "alpha": api_pb2.DATA_TYPE_FLOAT64,
+        "algorithm": api_pb2.DATA_TYPE_STRING,
+        "download": api_pb2.DATA_TYPE_BOOL,
+        "data_root": api_pb2.DATA_TYPE_STRING,
+    }
+    assert [m.name.tag for m in experiment.metric_infos] == [
+        "acc_after",
+        "acc_before",
+        "train_loss",
+    ]
+    start = metadata.parse_session_start_info_plugin_data(hparams[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["alpha"].number_value == 0.001
+    assert start.hparams["algorithm"].string_value == "fedavg"
+    assert start.hparams["download"].bool_value is True
+    assert start.hparams["data_root"].string_value == "None"
+    end = metadata.parse_session_end_info_plugin_data(hparams[metadata.SESSION_END_INFO_TAG])
+    assert end.status == api_pb2.STATUS_SUCCESS
+
+
 def test_report_every_sends_every_kth_round_and_every_evaluations_round(tmp_path, monkeypatch):
     """`report_every: 3`: of rounds 1-7 written in three writes, the trackers get
     rounds 3 and 6, and the evaluations' rounds 0 and 5."""
