@@ -5,11 +5,12 @@ MLflow, Weights & Biases, or a user's own class named by dotted path in
 A tracker is told five things, in this order, in the trackers' own process at the
 lowest priority (:mod:`perfed_ray.tracking.serve`; :mod:`perfed_ray.tracking.feed`
 decides when): :meth:`Tracker.start` with the run's whole configuration,
-:meth:`Tracker.log` once per round with that round's row and, at an evaluated round,
-the evaluation's aggregates, :meth:`Tracker.flush` once the rows of a write are
-logged, :meth:`Tracker.summary` with the run's summary row, and :meth:`Tracker.close`
-with its status. It may raise anything: the failure is reported once in the run's
-`events`, the tracker is not used again, and the run goes on.
+:meth:`Tracker.log` once per round sent (every `report_every`-th, and each evaluated
+one) with that round's row and, at an evaluated round, the evaluation's aggregates,
+:meth:`Tracker.flush` once the rows of a write are logged, :meth:`Tracker.summary`
+with the run's summary row, and :meth:`Tracker.close` with its status. It may raise
+anything: the failure is reported once in the run's `events`, the tracker is not used
+again, and the run goes on.
 
 Its library is imported in :meth:`Tracker.start`, never when the module loads, so
 that checking a configuration costs no import of it: :meth:`Tracker.check_installed`
@@ -92,7 +93,13 @@ class Tracker:
         wall time ...), once, as it ends."""
 
     def close(self, status: str) -> None:
-        """End the tracker's run; `status` is the runs table's (finished, failed ...)."""
+        """End the tracker's run; `status` is the runs table's (finished, failed ...):
+        a success where it is one of :data:`SUCCEEDED`."""
+
+
+# The runs table's statuses of a run that ended as it should: done, or stopped early
+# by a sweep's scheduler. Each tracker shows the others as its library's failure.
+SUCCEEDED = ("finished", "stopped")
 
 
 def numbers(values: dict[str, Any]) -> dict[str, float]:

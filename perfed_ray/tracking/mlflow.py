@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any
 
-from perfed_ray.tracking.base import TrackedRun, Tracker, numbers
+from perfed_ray.tracking.base import SUCCEEDED, TrackedRun, Tracker, numbers
 
 MAX_METRICS, MAX_PARAMS = 1000, 100  # one log_batch request's limits
-ENDED = {"finished": "FINISHED", "stopped": "FINISHED", "interrupted": "KILLED"}  # else FAILED
+ENDED = {**dict.fromkeys(SUCCEEDED, "FINISHED"), "interrupted": "KILLED"}  # else FAILED
 
 
 def _chunks(items: list, size: int) -> list[list]:

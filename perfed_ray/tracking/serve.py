@@ -136,6 +136,9 @@ class Trackers:
         kept = json.loads(self.path.read_text()) if resumed else {}
         self.kept: dict[str, dict[str, Any]] = {n: kept.get(n, {}) for n in names}
         self.step = -1  # the last round logged, for a failure's event
+        # Of the rounds without an evaluation, every this many are sent (a run made by
+        # hand, as a tracker's own test makes one, may not say: every round).
+        self.every = int(self.run.config.get("report_every", 1))
         self.trackers: dict[str, Tracker] = {}
         for name in names:
             self._start(name)
@@ -193,14 +196,12 @@ class Trackers:
 
     def take(self, written: Mapping[str, pa.Table]) -> None:
         """A write's new rows: each round's metrics, with its evaluation's where it has
-        one; of the rounds without one, every `report_every`-th (a run made by hand, as
-        a tracker's own test makes one, may not say: every round)."""
-        every = int(self.run.config.get("report_every", 1))
+        one; of the rounds without one, every `report_every`-th."""
         evaluated = evaluation_metrics(written[EVALS]) if EVALS in written else {}
         steps: dict[int, dict[str, float]] = {}
         if ROUNDS in written:
             rounds = round_metrics(written[ROUNDS])
-            steps = {s: m for s, m in rounds.items() if s % every == 0 or s in evaluated}
+            steps = {s: m for s, m in rounds.items() if s % self.every == 0 or s in evaluated}
         for step, figures in evaluated.items():
             steps[step] = {**steps.get(step, {}), **figures}
         if steps:

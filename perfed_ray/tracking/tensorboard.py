@@ -22,12 +22,12 @@ from typing import Any
 
 from perfed_ray.markdown import table
 from perfed_ray.results.layout import TENSORBOARD
-from perfed_ray.tracking.base import TrackedRun, Tracker, numbers
+from perfed_ray.tracking.base import SUCCEEDED, TrackedRun, Tracker, numbers
 
 # The metrics the HParams tab shows beside each run's hyperparameters.
 HEADLINE = ("acc_after", "acc_before", "train_loss")
 # How a run that ended shows in the HParams tab (anything else: a failure).
-ENDED = {"finished": "STATUS_SUCCESS", "stopped": "STATUS_SUCCESS", "interrupted": "STATUS_UNKNOWN"}
+ENDED = {**dict.fromkeys(SUCCEEDED, "STATUS_SUCCESS"), "interrupted": "STATUS_UNKNOWN"}
 
 
 def _hparams(config: dict[str, Any]) -> list:

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from perfed_ray.tracking.base import TrackedRun, Tracker
+from perfed_ray.tracking.base import SUCCEEDED, TrackedRun, Tracker
 
 # Seconds a resumed run waits for the W&B process of its killed sitting to let go of
 # the W&B run (it notices its parent gone within seconds).
@@ -66,4 +66,4 @@ class WandB(Tracker):
         self.run.summary.update(values)
 
     def close(self, status: str) -> None:
-        self.run.finish(exit_code=0 if status in ("finished", "stopped") else 1)
+        self.run.finish(exit_code=0 if status in SUCCEEDED else 1)
