@@ -460,10 +460,7 @@ ALL_TRACKERS = "tensorboard,mlflow,wandb"
 def _slowdown(frame: pd.DataFrame) -> pd.DataFrame:
     """Each run against the `off` run of its repeat: its rounds' phase per round
     (`slowdown`, the trackers' real cost end to end, with the machine's noise in it)
-    and its mean round (`round_slowdown`). Runs measured before `report_every` existed
-    sent every round's row."""
-    if "report_every" not in frame:
-        frame = frame.assign(report_every=1)
+    and its mean round (`round_slowdown`)."""
     off = frame[frame["mode"] == "off"].set_index("repeat")
     against = {
         "slowdown": "rounds_phase_per_round",
