@@ -280,32 +280,33 @@ def test_flower_side_by_side_runs_both_and_prints_the_ratios_of_the_rows_it_writ
 
 @pytest.fixture(scope="module")
 def pfl_smoke(tmp_path_factory) -> tuple[Path, str]:
-    """pfl.py's smoke of its three workloads, in one invocation (its tables, and what
-    it printed), where pfl's own interpreter is installed (never in perfed-ray's
-    environment; skipped where there is none)."""
+    """pfl.py's smoke in one invocation (its tables, and what it printed), where pfl's
+    own interpreter is installed (never in perfed-ray's environment; skipped where
+    there is none). Two of its three workloads: `mnist` (users exported as samples,
+    rows published to pfl.parquet) and `cifar10-dp` (users exported as sample numbers,
+    as `cifar10`'s are, and the private table); `cifar10` alone runs no code they do
+    not."""
     _interpreter_or_skip("pfl", "pfl-research")
     out = tmp_path_factory.mktemp("pfl")
-    _, printed = _smoke("pfl", out, "--workloads", "mnist", "cifar10", "cifar10-dp")
+    _, printed = _smoke("pfl", out, "--workloads", "mnist", "cifar10-dp")
     return out, printed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["mnist", "cifar10"])
-def test_pfl_side_by_side_runs_both_sides_of_each_workload(pfl_smoke, workload):
-    """2 rounds of a few users on each side."""
+def test_pfl_side_by_side_runs_both_sides_of_a_workload(pfl_smoke):
+    """2 rounds of 2 users of 10 on each side."""
     out, printed = pfl_smoke
     rows = pd.read_parquet(out / "pfl.parquet")
-    assert set(rows["workload"]) == {"mnist", "cifar10"}  # the private one is apart
-    rows = rows[rows["workload"] == workload].set_index("tool")
+    assert set(rows["workload"]) == {"mnist"}  # the private one is apart
+    rows = rows.set_index("tool")
     assert set(rows.index) == {"perfed-ray", "pfl"}
-    cohort = {"mnist": 2, "cifar10": 4}[workload]  # pfl.py's SMOKE settings
-    assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == cohort).all()
+    assert (rows["rounds"] == 2).all() and (rows["users_per_round"] == 2).all()  # SMOKE's
     # Two rounds: the median leaves the first out, so it is the second round's seconds.
     np.testing.assert_allclose(
         rows["round_seconds_median"], 2 * rows["round_seconds_mean"] - rows["first_round_seconds"]
     )
     title = "pfl's seconds / perfed-ray's:"
-    _assert_sides(rows, "pfl", "whole_process", printed, title, workload)
+    _assert_sides(rows, "pfl", "whole_process", printed, title, "mnist")
     # Both sides trained the same model from the same w_0 on the same users: 10 classes
     # start near ln 10 = 2.30 and two rounds leave both there, not diverged.
     assert np.allclose(rows["final_test_loss"], 2.3, atol=0.3)
@@ -335,7 +336,7 @@ def test_pfl_central_dp_side_by_side_calibrates_the_same_noise_on_both_sides(pfl
     # Two rounds from ln 10 = 2.30, noised (at z ~ 0.36 on 4 users) but not diverged.
     assert rows["final_test_loss"].between(2.0, 3.3).all()
     summary = (out / "pfl-dp.md").read_text()
-    assert "--workloads mnist cifar10 cifar10-dp" in summary.splitlines()[2]  # the command
+    assert "--workloads mnist cifar10-dp" in summary.splitlines()[2]  # the command
     assert f"{z.loc['pfl']:.5g}" in summary and f"{z.loc['perfed-ray']:.5g}" in summary
 
 

@@ -1,7 +1,7 @@
 """`perfed-ray sweep`: sweep files expanded and checked before Ray starts, trials run as
 Ray Tune trials on the session's Ray (each a run with the tables `perfed-ray run`
-writes, its numbers those of the same configuration run alone), a sweep killed by
-SIGKILL resumed to the tables of one never stopped, runs that say why they ended
+writes, its numbers those of the same configuration run alone, even after the sweep
+was killed by SIGKILL and resumed), runs that say why they ended
 (finished, stopped early, diverged, interrupted by SIGTERM), and step sizes picked on
 validation samples."""
 
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -262,41 +263,6 @@ def test_a_validation_split_is_drawn_from_training_samples_never_test_ones():
 # Sweeps on the session's Ray.
 
 
-@pytest.fixture(scope="module")
-def swept(ray_session, tmp_path_factory) -> tuple[Path, str]:
-    """The 2 x 2 sweep, never stopped: its results folder and the sweep's stderr."""
-    folder = tmp_path_factory.mktemp("swept")
-    process = _sweep(
-        [str(_write(folder, SWEEP)), "--out", str(folder / "results")],
-        session_address(ray_session),
-    )
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr
-    return folder / "results", stdout + stderr
-
-
-@pytest.mark.slow
-def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session, swept, tmp_path):
-    out, printed = swept
-    runs = read_runs(out)
-    assert sorted(runs["run_id"]) == [f"tiny-000{i}" for i in range(4)]
-    assert set(runs["status"]) == {"finished"} and set(runs["rounds_done"]) == {60}
-    assert set(runs["actor_cpus"]) == {0.5}  # sized by what each trial reserved
-    assert (out / SWEEPS / "tiny" / "sweep.json").is_file()
-    assert set(pd.read_parquet(out / "evals")["run_id"]) == set(runs["run_id"])
-    assert "start tiny-0003 algorithm=perfedavg-fo seed=1" in printed
-    if BOARD:  # each trial its own TensorBoard run, in the sweep's folder
-        boards = sorted(p.name for p in (out / "tensorboard" / "tiny").iterdir())
-        assert boards == sorted(runs["run_id"])
-    for chatter in ("Traceback", "worker processes have been started", "Token authentication"):
-        assert chatter not in printed
-    alone = tmp_path / "alone"
-    for algorithm in SWEEP["grid"]["algorithm"]:
-        for seed in range(SWEEP["seeds"]):
-            simulate({**TRIAL, "algorithm": algorithm, "seed": seed}, alone)
-    _assert_same(_by_trial(out), _by_trial(alone))
-
-
 def _tune_pids(out: Path, sweep: str, run_id: str) -> set[int]:
     """The processes Tune ran trial `run_id` in, from the trial's result.json."""
     lines = (out / SWEEPS / sweep / run_id / "result.json").read_text().splitlines()
@@ -354,32 +320,72 @@ def _frozen_mid_run(out: Path, process: subprocess.Popen) -> int:
             os.kill(pid, signal.SIGCONT)
 
 
-@pytest.mark.slow
-def test_a_sweep_killed_by_sigkill_resumes_to_the_same_tables(
-    ray_session, swept, tmp_path, monkeypatch
-):
-    """The sweep killed in its own process; the resume in this one, on the session's Ray
-    (what it is tested for is what it continues, not its process)."""
-    address = session_address(ray_session)
-    out = tmp_path / "results"
-    first = _sweep([str(_write(tmp_path, SWEEP)), "--out", str(out)], address)
-    # Killed once a trial has finished while another is mid-run: one to skip, one to
-    # continue from its checkpoint, and maybe some not started.
+@dataclass(frozen=True)
+class Swept:
+    """The 2 x 2 sweep, SIGKILLed once a trial had finished while another was mid-run
+    (one to skip, one to continue from its checkpoint, maybe some not started), then
+    resumed, each in its own process on the session's Ray: its results folder, the
+    statuses its runs had when it was killed, and what both processes printed."""
+
+    out: Path
+    killed: set[str]
+    printed: str
+
+
+@pytest.fixture(scope="module")
+def swept(ray_session, tmp_path_factory) -> Swept:
+    folder = tmp_path_factory.mktemp("swept")
+    address, out = session_address(ray_session), folder / "results"
+    first = _sweep([str(_write(folder, SWEEP)), "--out", str(out)], address)
     trial = _frozen_mid_run(out, first)
     first.kill()
-    first.communicate(timeout=60)
+    stdout, stderr = first.communicate(timeout=60)
     with contextlib.suppress(ProcessLookupError):  # Ray may have ended it already
         os.kill(trial, signal.SIGKILL)  # where it was frozen
-    assert "running" in set(read_runs(out)["status"])  # killed: no chance to say otherwise
+    killed = set(read_runs(out)["status"])
+    resumed = _sweep(["--resume", str(out)], address)
+    more, errors = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, errors
+    return Swept(out, killed, stdout + stderr + more + errors)
 
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_trial_as_the_same_configuration_run_alone(ray_session, swept, tmp_path):
+    """Killed and resumed, it still ends with every trial's numbers those of the same
+    configuration run alone, each trial once."""
+    out, printed = swept.out, swept.printed
+    runs = read_runs(out)
+    assert sorted(runs["run_id"]) == [f"tiny-000{i}" for i in range(4)]
+    assert set(runs["status"]) == {"finished"} and set(runs["rounds_done"]) == {60}
+    assert set(runs["actor_cpus"]) == {0.5}  # sized by what each trial reserved
+    assert (out / SWEEPS / "tiny" / "sweep.json").is_file()
+    assert set(pd.read_parquet(out / "evals")["run_id"]) == set(runs["run_id"])
+    assert "start tiny-0003 algorithm=perfedavg-fo seed=1" in printed
+    if BOARD:  # each trial its own TensorBoard run, in the sweep's folder
+        boards = sorted(p.name for p in (out / "tensorboard" / "tiny").iterdir())
+        assert boards == sorted(runs["run_id"])
+    for chatter in ("Traceback", "worker processes have been started", "Token authentication"):
+        assert chatter not in printed
+    alone = tmp_path / "alone"
+    for algorithm in SWEEP["grid"]["algorithm"]:
+        for seed in range(SWEEP["seeds"]):
+            simulate({**TRIAL, "algorithm": algorithm, "seed": seed}, alone)
+    _assert_same(_by_trial(out), _by_trial(alone))
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_by_sigkill_resumes_its_runs_and_is_never_started_again(swept, monkeypatch):
+    """The killed sweep's runs said nothing (no chance to); the resume continued at least
+    one from its checkpoint rather than starting it again; the same sweep asked again
+    into its folder is refused."""
+    assert "running" in swept.killed
+    runs = read_runs(swept.out)
+    assert set(runs["status"]) == {"finished"} and len(runs) == 4
+    assert runs["resumes"].sum() >= 1
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main sets its own
     monkeypatch.delenv("RAY_AIR_NEW_OUTPUT", raising=False)  # and this, for Tune
-    assert main(["sweep", "--resume", str(out)]) == 0
-    runs = read_runs(out)
-    assert set(runs["status"]) == {"finished"} and len(runs) == 4
-    assert runs["resumes"].sum() >= 1  # killed runs continued, not started again
-    _assert_same(_by_trial(out), _by_trial(swept[0]))
-    assert main(["sweep", str(_write(tmp_path, SWEEP)), "--out", str(out)]) == 2  # exists
+    again = main(["sweep", str(_write(swept.out.parent, SWEEP)), "--out", str(swept.out)])
+    assert again == 2  # exists
 
 
 @pytest.mark.slow
