@@ -16,6 +16,8 @@ import pandas as pd
 import ray
 import torch
 
+from perfed_ray.engines.auto import cpu_name
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MNIST = HERE.parents[1] / "experiments" / "configs" / "table1" / "mnist-tau10-alpha0.01.yaml"
@@ -23,14 +25,9 @@ MNIST = HERE.parents[1] / "experiments" / "configs" / "table1" / "mnist-tau10-al
 
 def machine() -> dict[str, object]:
     """The facts a reader needs to compare figures across machines."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-        platform.processor(),
-    )
     return {
         "hostname": socket.gethostname(),
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
         "python": platform.python_version(),

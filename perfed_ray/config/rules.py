@@ -90,7 +90,7 @@ def check(cfg: RunConfig) -> None:
             f"eval_users = {sampled:g} is not allowed: all, a whole number of users up to "
             f"n_users = {cfg.n_users}, or a fraction below 1"
         )
-    for tracker in filter(None, cfg.report_to.split(",")):
+    for tracker in cfg.trackers:
         REGISTRIES["report_to"].load(tracker).check_installed(tracker)
     for key in ("devices", "availability"):  # their tables are read and checked here
         model = REGISTRIES[key].load(getattr(cfg, key))

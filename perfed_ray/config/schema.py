@@ -104,6 +104,11 @@ class RunConfig:
     settings: tuple[tuple[str, Any], ...] = ()  # components' settings: (dotted key, value)
 
     @property
+    def trackers(self) -> list[str]:
+        """The trackers `report_to` names, in its order (none: [])."""
+        return [name for name in self.report_to.split(",") if name]
+
+    @property
     def unseen_count(self) -> int:
         """How many users are never trained (`unseen_users`)."""
         return round(self.unseen_users * self.n_users)

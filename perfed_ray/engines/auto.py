@@ -105,15 +105,16 @@ class Workload:
             "batch_size": cfg.batch_size,
             "algorithm": cfg.algorithm,
             "client_optimizer": cfg.client_optimizer,
-            "device": torch.cuda.get_device_name(where) if where.type == "cuda" else _cpu(),
+            "device": torch.cuda.get_device_name(where) if where.type == "cuda" else cpu_name(),
             "torch": torch.__version__,
         }
         text = json.dumps(described, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:24], described
 
 
-def _cpu() -> str:
-    """The CPU's model name (Linux), else the platform's word for it."""
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the platform's word for it: part of what a
+    measured choice is cached under, and what the benchmarks record of the machine."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -22,8 +22,7 @@ def start(cfg: RunConfig) -> TrackerFeed | None:
     """The trackers `cfg.report_to` names, their process started now (as the run
     begins: their libraries load while the driver readies it); None where it names
     none."""
-    names = [n for n in cfg.report_to.split(",") if n]
-    return TrackerFeed(names) if names else None
+    return TrackerFeed(cfg.trackers) if cfg.trackers else None
 
 
 def follow(
