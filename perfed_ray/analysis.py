@@ -278,8 +278,9 @@ VARIANT_KEYS = ["input_scale", "hf_delta", "adapt_on"]
 def summary(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
     """One row per run (or for one run): configuration, status, wall time, final
     accuracy, the simulated seconds the run covered and those it took to reach each of
-    TARGETS (`time_to_80` ...)."""
-    runs = read_runs(out, run_id)
+    TARGETS (`time_to_80` ...). Core columns alone: no component is imported for it.
+    """
+    runs = read_runs(out, run_id, settings=False)
     if runs.empty:
         return runs
     cols = [

@@ -413,6 +413,49 @@ def test_tensorboard_writes_scalars_hparams_and_summary_without_torch(tmp_path):
     assert end.status == api_pb2.STATUS_SUCCESS
 
 
+SUMMARY_AT_THE_END = """
+import json, sys
+from pathlib import Path
+from perfed_ray.results.reader import read_table
+from perfed_ray.tracking import TrackedRun, Tracker
+from perfed_ray.tracking.serve import Follow, Trackers
+
+class Kept(Tracker):
+    def summary(self, values):
+        self.values = values
+
+out, folder = Path(sys.argv[1]), Path(sys.argv[2])
+run_id = read_table(out, "runs")["run_id"].iloc[0]
+run = TrackedRun(run_id, {}, out, False, None, {})
+trackers = Trackers(["__main__:Kept"], Follow(run, folder, None), print)
+kept = trackers.trackers["__main__:Kept"]
+trackers.end("finished")
+torch = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+sent = {key: kept.values[key] for key in ("run_id", "status")}
+print(json.dumps({**sent, "torch": torch}))
+"""
+
+
+def test_the_summary_a_runs_end_sends_loads_no_torch_in_the_trackers_process(
+    tiny_results, tmp_path
+):
+    """At a run's end the trackers' process reads the run's summary row and hands it to
+    each tracker; the run's final row waits for that. The summary's columns are core
+    ones, so no component is imported for it, and torch (seconds of CPU, which the
+    first run of each trackers' process waited for at its end) never loads there."""
+    done = subprocess.run(
+        [sys.executable, "-c", SUMMARY_AT_THE_END, str(tiny_results), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    sent = json.loads(done.stdout.splitlines()[-1])
+    first = read_table(tiny_results, "runs")["run_id"].iloc[0]
+    assert sent["run_id"] == first and sent["status"] == "finished"
+    assert sent["torch"] == []
+
+
 def test_report_every_sends_every_kth_round_and_every_evaluations_round(tmp_path, monkeypatch):
     """`report_every: 3`: of rounds 1-7 written in three writes, the trackers get
     rounds 3 and 6, and the evaluations' rounds 0 and 5."""

@@ -83,10 +83,13 @@ def read_table(out: str | Path, table: str, run_id: str | None = None) -> pd.Dat
     return data.to_table().to_pandas()
 
 
-def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
+def read_runs(out: str | Path, run_id: str | None = None, *, settings: bool = True) -> pd.DataFrame:
     """The runs table with configuration values that older results lack (a key added
     later reads back as null) filled in with the key's default, which is what those
-    runs used."""
+    runs used. Without `settings`, only the core keys are: components' settings are
+    read through every registered component, whose import brings torch (seconds of
+    CPU), which a reader of the core columns alone (a run's summary, in the trackers'
+    process at each run's end) does not need."""
     runs = read_table(out, RUNS, run_id)
     for name, f in FIELDS.items():
         if f.default is None or runs.empty:
@@ -95,6 +98,8 @@ def read_runs(out: str | Path, run_id: str | None = None) -> pd.DataFrame:
             runs[name] = f.default
         elif runs[name].isna().any():
             runs[name] = runs[name].fillna(f.default)
+    if not settings:
+        return runs
     # Runs from before components declared their settings kept them in flat columns
     # (`pfedme_lr`): they are read as the setting of the run's own method.
     for old, dotted in legacy_keys().items():
