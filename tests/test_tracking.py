@@ -436,6 +436,7 @@ print(json.dumps({**sent, "torch": torch}))
 """
 
 
+@pytest.mark.slow  # the session's results folder, six runs, if no fast test made it
 def test_the_summary_a_runs_end_sends_loads_no_torch_in_the_trackers_process(
     tiny_results, tmp_path
 ):
