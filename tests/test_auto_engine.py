@@ -170,7 +170,7 @@ def test_the_choice_for_gpu_actors_runs_in_a_ray_task(ray_session, tmp_path):
     engine = ray_session.get(task.remote(cfg, model, WORK, {}))
     assert engine in candidates(model)
     [entry] = json.loads(cache.read_text()).values()
-    assert entry["engine"] == engine and entry["workload"]["device"] == auto._cpu()
+    assert entry["engine"] == engine and entry["workload"]["device"] == auto.cpu_name()
 
 
 @pytest.mark.parametrize(
