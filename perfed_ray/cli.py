@@ -84,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _ended(err: BaseException, shown: dict[str, str]) -> int:
     """Say how a run ended and what its runs row says now (read back, so the message
     never claims a status the disk refused); return the exit status."""
-    from perfed_ray.lifecycle import EXIT_CODES, expected, recorded, status_of
+    from perfed_ray.lifecycle import expected, recorded, status_of
+    from perfed_ray.results.schema import EXIT_CODES
     from perfed_ray.runtime.checkpoint import RunStore
 
     status, run_id, out = status_of(err), shown["run_id"], shown["out"]

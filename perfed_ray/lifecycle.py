@@ -7,7 +7,7 @@ the runs row saying `running` while it runs and then how it ended (whatever ende
 a full disk while the last rows are written included), keeps the traceback of an
 unexpected failure, and cleans up (the lock, and the folder of a run that never got
 as far as its record). :func:`status_of` turns what ended a run into its status, and
-:data:`EXIT_CODES` a status into the command's exit status.
+:data:`~perfed_ray.results.schema.EXIT_CODES` a status into the command's exit status.
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from perfed_ray.runtime.lock import Busy, RunLock
 
 if TYPE_CHECKING:
     from perfed_ray.results.writer import RunWriter
-
-EXIT_CODES = {"finished": 0, "stopped": 0, "diverged": 1, "failed": 1, "interrupted": 130}
 
 
 def status_of(err: BaseException | None) -> str:

@@ -24,9 +24,8 @@ from conftest import TINY, each_users_model, session_address
 import perfed_ray
 from perfed_ray import cli
 from perfed_ray.config import ConfigError, from_mapping, legacy_keys, reference_text
-from perfed_ray.lifecycle import EXIT_CODES
 from perfed_ray.registry import ALGORITHMS, REGISTRIES
-from perfed_ray.results.schema import MEANINGS, SCHEMAS
+from perfed_ray.results.schema import EXIT_CODES, MEANINGS, SCHEMAS
 from perfed_ray.runtime.checkpoint import RunStore
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,6 +39,10 @@ def _table(name: str, *columns: tuple[str, pa.DataType, str]) -> pa.Schema:
     return pa.schema([(column, kind) for column, kind, _ in columns])
 
 
+# The statuses a run ends with, and the exit status `perfed-ray run` gives each: 0 for
+# a run that ended as it should (done, or stopped early by a sweep's scheduler).
+EXIT_CODES = {"finished": 0, "stopped": 0, "diverged": 1, "failed": 1, "interrupted": 130}
+
 RUNS_SCHEMA = _table(
     RUNS,
     ("status", pa.string(), "running, finished, failed, diverged, interrupted or stopped"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from perfed_ray.errors import ConfigError
+from perfed_ray.results.schema import EXIT_CODES
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,9 @@ class Tracker:
         a success where it is one of :data:`SUCCEEDED`."""
 
 
-# The runs table's statuses of a run that ended as it should: done, or stopped early
-# by a sweep's scheduler. Each tracker shows the others as its library's failure.
-SUCCEEDED = ("finished", "stopped")
+# The runs table's statuses of a run that ended as it should (those the command exits
+# 0 for). Each tracker shows the others as its library's failure.
+SUCCEEDED = tuple(status for status, code in EXIT_CODES.items() if code == 0)
 
 
 def numbers(values: dict[str, Any]) -> dict[str, float]:
